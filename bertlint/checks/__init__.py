@@ -1,0 +1,1 @@
+"""One module per rule (or per small family of rules sharing a helper). Discovered by ``bertlint.registry``."""

@@ -1,0 +1,112 @@
+"""Per-file context handed to every rule: the parsed module, settings, lazily built shared analyses,
+positions, and ``report``. Analyses are ``cached_property``: built at most once per file, and only when
+a rule asks for them."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, Optional
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from bertlint.types import Applicability, Diagnostic, Edit, Fix, Position, RuleMeta, Severity
+
+
+class FileContext:
+    def __init__(self, filename: str, source: str, module: cst.Module, settings: Any) -> None:
+        self.filename = filename
+        self.source = source
+        self.module = module
+        self.settings = settings
+        self.diagnostics: list[Diagnostic] = []
+        self.current: Optional[RuleMeta] = None
+        self._lines: Optional[list[str]] = None
+
+    # ---- shared analyses (import lazily: a rule that needs none costs nothing)
+    @cached_property
+    def symbols(self):
+        from bertlint.analysis import symbols
+
+        return symbols.build(self.module)
+
+    @cached_property
+    def resolver(self):
+        from bertlint.analysis.symbols import Resolver
+
+        return Resolver(self.symbols)
+
+    @cached_property
+    def positions(self):
+        wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+        return wrapper.resolve(PositionProvider)
+
+    @property
+    def lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = self.source.splitlines(keepends=True)
+        return self._lines
+
+    # ---- positions
+    def span(self, node: cst.CSTNode) -> tuple[Position, Position]:
+        r = self.positions[node]
+        return Position(r.start.line, r.start.column + 1), Position(r.end.line, r.end.column + 1)
+
+    def indent_of(self, node: cst.CSTNode) -> str:
+        start, _ = self.span(node)
+        line = self.lines[start.row - 1] if start.row - 1 < len(self.lines) else ""
+        return line[: len(line) - len(line.lstrip(" \t"))]
+
+    # ---- fixes
+    def edit_replace(self, node: cst.CSTNode, content: str) -> Edit:
+        start, end = self.span(node)
+        return Edit(content, start, end)
+
+    def edit_insert_line_before(self, stmt: cst.CSTNode, text: str) -> Edit:
+        """Insert ``text`` as a new line above the statement ``stmt``, with the statement's indentation."""
+        start, _ = self.span(stmt)
+        indent = self.indent_of(stmt)
+        pos = Position(start.row, 1)
+        return Edit(f"{indent}{text}\n", pos, pos)
+
+    def edit_insert_line_after(self, stmt: cst.CSTNode, text: str) -> Edit:
+        _, end = self.span(stmt)
+        indent = self.indent_of(stmt)
+        pos = Position(end.row + 1, 1)
+        return Edit(f"{indent}{text}\n", pos, pos)
+
+    def fix(self, message: str, edits: list[Edit], applicability: Applicability = Applicability.SAFE) -> Fix:
+        return Fix(message, Applicability(applicability), tuple(edits))
+
+    # ---- reporting
+    def report(
+        self,
+        node: cst.CSTNode,
+        message: str,
+        *,
+        fix: Optional[Fix] = None,
+        severity: Optional[Severity] = None,
+        data: Optional[dict] = None,
+        code: Optional[str] = None,
+    ) -> Diagnostic:
+        meta = self.current
+        assert meta is not None, "report() called outside a rule"
+        if code is not None and code != meta.code:
+            from bertlint.registry import get
+
+            other = get(code)
+            meta = other.meta if other else meta
+        start, end = self.span(node)
+        d = Diagnostic(
+            code=meta.code,
+            name=meta.name,
+            severity=Severity(severity) if severity else meta.severity,
+            message=message,
+            filename=self.filename,
+            start=start,
+            end=end,
+            fix=fix,
+            data=dict(data or {}),
+        )
+        self.diagnostics.append(d)
+        return d
