@@ -37,6 +37,20 @@ class FileContext:
         return Resolver(self.symbols)
 
     @cached_property
+    def versions(self):
+        """Target versions (transformers, accelerate, deepspeed, torch, lightning, peft), each with ``.source``."""
+        from bertlint.analysis import versions
+
+        return versions.resolve(self.filename, self.settings)
+
+    @cached_property
+    def setup(self):
+        """The resolved HF Trainer training set-ups of this file (``bertlint.analysis.setup.FileSetup``)."""
+        from bertlint.analysis import setup
+
+        return setup.build(self)
+
+    @cached_property
     def positions(self):
         wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
         return wrapper.resolve(PositionProvider)

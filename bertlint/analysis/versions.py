@@ -1,0 +1,428 @@
+"""Target versions of the training frameworks a script will run on.
+
+Order of precedence, per package:
+
+1. ``[tool.bertlint] target-versions`` (``ctx.settings.target_versions``);
+2. a pin near the script: ``requirements*.txt``, ``pyproject.toml`` dependencies, ``setup.cfg`` ``install_requires``,
+   ``environment.yml`` — searched from the script's folder upward to the repository root (the nearest file that
+   names the package wins);
+3. the installed distribution (``importlib.metadata``; never an import of the package);
+4. the current release.
+
+Every :class:`TargetVersion` carries ``source``: a short text that every version-dependent message repeats
+("transformers 5.24.0 (pinned in requirements.txt:3)").
+
+Specifiers: ``==X`` is exact; a range (``>=4.46,<4.48``, ``~=4.46.0``, ``>=4.30``) resolves to the newest release
+it allows that bertlint knows of (what ``pip install`` would pick); the text says so ("newest allowed by
+`transformers>=4.46,<4.48` in requirements.txt:3"), and ``exact`` is False. ``lowest`` keeps the range's lower
+bound for messages.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterable, Optional
+
+CURRENT = {
+    "transformers": "5.24.0",
+    "accelerate": "1.15.0",
+    "deepspeed": "0.19.8",
+    "torch": "2.13.0",
+    "lightning": "2.6.6",
+    "peft": "0.21.2",
+}
+
+PACKAGES = tuple(CURRENT)
+
+# Distribution names that stand for one of the packages above.
+_ALIASES = {
+    "pytorch-lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "lightning": "lightning",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "deepspeed": "deepspeed",
+    "torch": "torch",
+    "pytorch": "torch",  # conda
+    "peft": "peft",
+}
+
+# Releases bertlint knows of (used to pick the newest release a range allows). Not exhaustive: only what the
+# version-dependent rules need to tell apart.
+_KNOWN: dict[str, list[str]] = {
+    "transformers": [
+        *(f"4.{m}.0" for m in range(20, 58)),
+        "4.44.2", "4.45.2", "4.46.1", "4.46.2", "4.46.3", "4.47.1", "4.48.1", "4.48.2", "4.48.3",
+        "4.49.0", "4.50.3", "4.51.3", "4.52.4", "4.53.3", "4.54.1", "4.55.4", "4.56.2", "4.57.1",
+        *(f"5.{m}.0" for m in range(0, 25)),
+    ],
+    "accelerate": [*(f"0.{m}.0" for m in range(20, 35)), *(f"1.{m}.0" for m in range(0, 16))],
+    "deepspeed": [*(f"0.{m}.0" for m in range(10, 20)), "0.19.8"],
+    "torch": [*(f"2.{m}.0" for m in range(0, 14))],
+    "lightning": [*(f"2.{m}.0" for m in range(0, 7)), "2.6.6"],
+    "peft": [*(f"0.{m}.0" for m in range(5, 22)), "0.21.2"],
+}
+
+_ROOT_MARKERS = (".git", ".hg")
+
+
+def parse_version(text: str) -> Optional[tuple[int, ...]]:
+    """``"4.46.0"`` -> (4, 46, 0); ``"5.0.0rc1"`` -> (5, 0, 0); ``"2.13.0+cpu"`` -> (2, 13, 0). None if unreadable."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(text))
+    if not m:
+        return None
+    parts = tuple(int(p) for p in m.group(1).split("."))
+    return (parts + (0, 0, 0))[:3] if len(parts) < 3 else parts[:3]
+
+
+def vstr(v: tuple[int, ...]) -> str:
+    return ".".join(str(p) for p in v)
+
+
+@dataclass(frozen=True)
+class TargetVersion:
+    package: str
+    version: tuple[int, ...]
+    source: str  # "pinned in requirements.txt:3", "installed", "[tool.bertlint] target-versions", ...
+    exact: bool = True
+    spec: Optional[str] = None  # the specifier as written, for ranges
+    lowest: Optional[tuple[int, ...]] = None  # lower bound of a range, if any
+
+    @property
+    def text(self) -> str:
+        return vstr(self.version)
+
+    def at_least(self, v: str) -> bool:
+        return self.version >= (parse_version(v) or (0,))
+
+    def below(self, v: str) -> bool:
+        return not self.at_least(v)
+
+    def between(self, lo: str, hi_exclusive: str) -> bool:
+        return self.at_least(lo) and self.below(hi_exclusive)
+
+    def describe(self) -> str:
+        """``transformers 5.24.0 (pinned in requirements.txt:3)``."""
+        return f"{self.package} {self.text} ({self.source})"
+
+    @property
+    def major(self) -> int:
+        return self.version[0]
+
+
+@dataclass
+class Versions:
+    """Target version per package; ``versions["transformers"]`` or ``versions.transformers``."""
+
+    by_package: dict[str, TargetVersion] = field(default_factory=dict)
+
+    def __getitem__(self, package: str) -> TargetVersion:
+        return self.get(package)
+
+    def get(self, package: str) -> TargetVersion:
+        package = _ALIASES.get(package, package)
+        tv = self.by_package.get(package)
+        if tv is None:
+            tv = TargetVersion(package, parse_version(CURRENT.get(package, "0")) or (0,), "assumed current release")
+            self.by_package[package] = tv
+        return tv
+
+    @property
+    def transformers(self) -> TargetVersion:
+        return self.get("transformers")
+
+    @property
+    def accelerate(self) -> TargetVersion:
+        return self.get("accelerate")
+
+    @property
+    def deepspeed(self) -> TargetVersion:
+        return self.get("deepspeed")
+
+    @property
+    def torch(self) -> TargetVersion:
+        return self.get("torch")
+
+    @property
+    def lightning(self) -> TargetVersion:
+        return self.get("lightning")
+
+    @property
+    def peft(self) -> TargetVersion:
+        return self.get("peft")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# specifiers
+
+_SPEC_RE = re.compile(r"(===|==|~=|!=|<=|>=|<|>|=)\s*([0-9][0-9A-Za-z.*+!-]*)")
+
+
+def _clauses(spec: str) -> list[tuple[str, str]]:
+    return [(op, v) for op, v in _SPEC_RE.findall(spec)]
+
+
+def _matches(v: tuple[int, ...], clauses: list[tuple[str, str]]) -> bool:
+    for op, text in clauses:
+        wildcard = text.endswith(".*")
+        pv = parse_version(text.rstrip(".*"))
+        if pv is None:
+            return False
+        if op in ("==", "===", "=") and wildcard:
+            n = len(text.rstrip(".*").split("."))
+            if v[:n] != pv[:n]:
+                return False
+        elif op in ("==", "===", "="):
+            if v != pv:
+                return False
+        elif op == "!=":
+            if wildcard:
+                n = len(text.rstrip(".*").split("."))
+                if v[:n] == pv[:n]:
+                    return False
+            elif v == pv:
+                return False
+        elif op == ">=" and not v >= pv:
+            return False
+        elif op == ">" and not v > pv:
+            return False
+        elif op == "<=" and not v <= pv:
+            return False
+        elif op == "<" and not v < pv:
+            return False
+        elif op == "~=":
+            n = len(text.split("."))
+            upper = list(pv[: max(n - 1, 1)])
+            upper[-1] += 1
+            if not (v >= pv and v < tuple(upper)):
+                return False
+    return True
+
+
+def resolve_spec(package: str, spec: str, where: str) -> Optional[TargetVersion]:
+    """A TargetVersion for ``spec`` (``"==4.46.3"``, ``">=4.46,<4.48"``, ``"4.46.3"``) read at ``where``."""
+    spec = spec.strip()
+    if not spec or spec == "*":
+        return None
+    if re.match(r"^\d", spec):  # bare version (conda "transformers=4.46.3" already split, settings "4.46.3")
+        spec = "==" + spec
+    clauses = _clauses(spec)
+    if not clauses:
+        return None
+    exact = [c for c in clauses if c[0] in ("==", "===", "=") and not c[1].endswith(".*")]
+    if len(exact) == 1 and len(clauses) == 1:
+        v = parse_version(exact[0][1])
+        return TargetVersion(package, v, f"pinned in {where}") if v else None
+    lows = [parse_version(t.rstrip(".*")) for op, t in clauses if op in (">=", ">", "~=", "==", "===", "=")]
+    lowest = max((lw for lw in lows if lw), default=None)
+    candidates = set(parse_version(v) for v in _KNOWN.get(package, []))
+    cur = parse_version(CURRENT.get(package, "0"))
+    if cur:
+        candidates.add(cur)
+    if lowest:
+        candidates.add(lowest)
+    ok = sorted(c for c in candidates if c and c <= (cur or c) and _matches(c, clauses))
+    text = f"`{package}{spec}`"
+    if ok:
+        return TargetVersion(package, ok[-1], f"newest release allowed by {text} in {where}", exact=False,
+                             spec=spec, lowest=lowest)
+    if lowest:
+        return TargetVersion(package, lowest, f"lowest release allowed by {text} in {where}", exact=False,
+                             spec=spec, lowest=lowest)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pins near the script
+
+_REQ_LINE = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*(.*)$")
+
+
+def _requirement(line: str) -> Optional[tuple[str, str]]:
+    """``"transformers[torch]>=4.46,<4.48 ; python_version>'3'  # c"`` -> ("transformers", ">=4.46,<4.48")."""
+    line = line.split("#", 1)[0].split(";", 1)[0].strip().strip("\"'").strip()
+    if not line or line.startswith(("-", "git+", "http")):
+        return None
+    m = _REQ_LINE.match(line)
+    if not m:
+        return None
+    name = m.group(1).lower().replace("_", "-")
+    pkg = _ALIASES.get(name)
+    if pkg is None:
+        return None
+    rest = m.group(2).strip()
+    if rest.startswith("@"):
+        return None
+    if rest.startswith("=") and not rest.startswith("=="):  # conda: transformers=4.46.3
+        rest = "==" + rest[1:].split("=")[0]
+    return pkg, rest
+
+
+def _scan_requirements(path: str, rel: str) -> dict[str, TargetVersion]:
+    out: dict[str, TargetVersion] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for i, line in enumerate(lines, 1):
+        r = _requirement(line)
+        if r and r[0] not in out:
+            tv = resolve_spec(r[0], r[1], f"{rel}:{i}")
+            if tv:
+                out[r[0]] = tv
+    return out
+
+
+def _scan_quoted(path: str, rel: str) -> dict[str, TargetVersion]:
+    """pyproject.toml / setup.cfg: any quoted requirement string or ``name = "spec"`` (poetry) line."""
+    out: dict[str, TargetVersion] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    section = ""
+    for i, line in enumerate(lines, 1):
+        s = line.strip()
+        if s.startswith("["):
+            section = s
+            continue
+        if "tool.bertlint" in section:
+            continue
+        found: list[tuple[str, str]] = []
+        for q in re.findall(r"[\"']([^\"']+)[\"']", s):
+            r = _requirement(q)
+            if r:
+                found.append(r)
+        m = re.match(r"^([A-Za-z0-9_.\-]+)\s*=\s*[\"']([^\"']*)[\"']", s)  # poetry: transformers = "^4.46"
+        if m and _ALIASES.get(m.group(1).lower()) and "dependencies" in section:
+            spec = m.group(2).strip()
+            if spec.startswith("^"):
+                base = parse_version(spec[1:])
+                if base:
+                    nxt = (base[0] + 1, 0, 0) if base[0] > 0 else (0, base[1] + 1, 0)
+                    spec = f">={spec[1:]},<{vstr(nxt)}"
+            found.append((_ALIASES[m.group(1).lower()], spec))
+        if path.endswith("setup.cfg") and not found:
+            r = _requirement(s)
+            if r and ("install_requires" in s or line.startswith((" ", "\t"))):
+                found.append(r)
+        for pkg, spec in found:
+            if pkg not in out:
+                tv = resolve_spec(pkg, spec, f"{rel}:{i}")
+                if tv:
+                    out[pkg] = tv
+    return out
+
+
+def _scan_environment(path: str, rel: str) -> dict[str, TargetVersion]:
+    out: dict[str, TargetVersion] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for i, line in enumerate(lines, 1):
+        s = line.strip()
+        if not s.startswith("- "):
+            continue
+        s = s[2:].strip().strip("\"'")
+        if ":" in s:
+            continue
+        s = s.split("::")[-1]
+        r = _requirement(s)
+        if r and r[0] not in out:
+            tv = resolve_spec(r[0], r[1], f"{rel}:{i}")
+            if tv:
+                out[r[0]] = tv
+    return out
+
+
+def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return {}
+    out: dict[str, TargetVersion] = {}
+
+    def merge(found: dict[str, TargetVersion]) -> None:
+        for k, v in found.items():
+            out.setdefault(k, v)
+
+    for n in names:
+        p = os.path.join(directory, n)
+        if n.startswith("requirements") and n.endswith((".txt", ".in")) and os.path.isfile(p):
+            merge(_scan_requirements(p, n))
+    for n in ("pyproject.toml", "setup.cfg"):
+        p = os.path.join(directory, n)
+        if os.path.isfile(p):
+            merge(_scan_quoted(p, n))
+    for n in ("environment.yml", "environment.yaml"):
+        p = os.path.join(directory, n)
+        if os.path.isfile(p):
+            merge(_scan_environment(p, n))
+    return out
+
+
+@lru_cache(maxsize=256)
+def pins_near(directory: str) -> tuple[tuple[str, TargetVersion], ...]:
+    """Pins from ``directory`` upward to the repository root (nearest wins). Cached per directory."""
+    found: dict[str, TargetVersion] = {}
+    d = os.path.abspath(directory or ".")
+    for _ in range(40):
+        for k, v in _pins_in_dir(d).items():
+            found.setdefault(k, v)
+        if any(os.path.exists(os.path.join(d, m)) for m in _ROOT_MARKERS):
+            break
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    return tuple(found.items())
+
+
+@lru_cache(maxsize=None)
+def installed(package: str) -> Optional[TargetVersion]:
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover
+        return None
+    names = {"lightning": ("lightning", "pytorch-lightning")}.get(package, (package,))
+    for n in names:
+        try:
+            v = parse_version(metadata.version(n))
+        except Exception:
+            continue
+        if v:
+            return TargetVersion(package, v, "installed")
+    return None
+
+
+def resolve(filename: Optional[str], settings=None, packages: Iterable[str] = PACKAGES,
+            use_installed: bool = True) -> Versions:
+    """The target versions for the script ``filename``."""
+    out = Versions()
+    configured = dict(getattr(settings, "target_versions", None) or {})
+    directory = os.path.dirname(os.path.abspath(filename)) if filename and filename not in ("-", "<stdin>") else None
+    pins = dict(pins_near(directory)) if directory and os.path.isdir(directory) else {}
+    for pkg in packages:
+        tv = None
+        raw = configured.get(pkg)
+        if raw is None and pkg == "lightning":
+            raw = configured.get("pytorch-lightning") or configured.get("pytorch_lightning")
+        if raw is not None:
+            tv = resolve_spec(pkg, str(raw), "[tool.bertlint] target-versions")
+            if tv is not None and tv.exact:
+                tv = TargetVersion(pkg, tv.version, "[tool.bertlint] target-versions")
+        if tv is None:
+            tv = pins.get(pkg)
+        if tv is None and use_installed:
+            tv = installed(pkg)
+        if tv is None:
+            tv = TargetVersion(pkg, parse_version(CURRENT[pkg]) or (0,), "assumed current release")
+        out.by_package[pkg] = tv
+    return out
