@@ -1,0 +1,354 @@
+"""Pure helpers of the language server: the link to the library API, edit application, ``# noqa``
+edits, rule pages, notebook assembly. Nothing here imports pygls, so it is cheap to test.
+
+Positions inside this module are bertlint's: rows and columns 1-based, counted in code points.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from bertlint.types import Applicability, Diagnostic, Edit, Position
+
+# ---------------------------------------------------------------------------------------------------
+# The library API (bertlint.api), with a fallback to the engine while the API is not there.
+
+
+def _api():
+    try:
+        from bertlint import api
+    except ImportError:
+        return None
+    return api
+
+
+LINTABLE_SUFFIXES = (".py", ".pyi", ".ipynb", ".json", ".yaml", ".yml")
+
+
+def lint(text: str, filename: str, settings: Any = None) -> list[Diagnostic]:
+    """Lint the unsaved ``text`` as if it were the file ``filename`` (the CLI's path and rules)."""
+    api = _api()
+    if api is not None and hasattr(api, "lint_text"):
+        return list(api.lint_text(text, filename, settings))
+    if not filename.endswith((".py", ".pyi")):
+        return []
+    from bertlint.engine import lint_python
+
+    return lint_python(text, filename, settings)
+
+
+def load_settings(path: str):
+    """The settings of the nearest pyproject.toml / bertlint.toml above ``path`` (may raise the
+    core's ConfigError)."""
+    api = _api()
+    if api is not None and hasattr(api, "load_settings"):
+        return api.load_settings(path)
+    from bertlint.config import Settings
+
+    return Settings()
+
+
+@dataclass
+class FixOutcome:
+    text: str
+    applied: list[Diagnostic] = field(default_factory=list)
+    failed: list[tuple[Diagnostic, str]] = field(default_factory=list)
+
+
+def apply_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = False) -> FixOutcome:
+    api = _api()
+    if api is not None and hasattr(api, "apply_fixes"):
+        r = api.apply_fixes(text, diagnostics, unsafe=unsafe)
+        return FixOutcome(r.text, list(r.applied), list(r.failed))
+    return _apply_fixes_minimal(text, diagnostics, unsafe=unsafe)
+
+
+def _offsets(text: str) -> list[int]:
+    """Offset of the start of every line (1-based row r starts at offsets[r - 1])."""
+    starts = [0]
+    for m in re.finditer("\n", text):
+        starts.append(m.end())
+    return starts
+
+
+def _offset(starts: list[int], text: str, pos: Position) -> int:
+    if pos.row - 1 >= len(starts):
+        return len(text)
+    return min(starts[pos.row - 1] + pos.column - 1, len(text))
+
+
+def _apply_fixes_minimal(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = False) -> FixOutcome:
+    """Apply every applicable fix whose edits do not overlap an earlier fix's (ruff's rule: first wins)."""
+    starts = _offsets(text)
+    taken: list[tuple[int, int]] = []
+    chosen: list[tuple[int, int, str]] = []
+    out = FixOutcome(text)
+    for d in diagnostics:
+        if d.fix is None:
+            continue
+        if d.fix.applicability is Applicability.UNSAFE and not unsafe:
+            continue
+        spans = [(_offset(starts, text, e.start), _offset(starts, text, e.end), e.content) for e in d.fix.edits]
+        if any(s > e for s, e, _ in spans):
+            out.failed.append((d, "an edit ends before it starts"))
+            continue
+        if any(_overlaps(s, e, ts, te) for s, e, _ in spans for ts, te in taken):
+            out.failed.append((d, "overlaps another fix"))
+            continue
+        taken += [(s, e) for s, e, _ in spans]
+        chosen += spans
+        out.applied.append(d)
+    new = text
+    for s, e, content in sorted(chosen, key=lambda x: (x[0], x[1]), reverse=True):
+        new = new[:s] + content + new[e:]
+    out.text = new
+    return out
+
+
+def _overlaps(s1: int, e1: int, s2: int, e2: int) -> bool:
+    if s1 == e1 or s2 == e2:  # insertions conflict only strictly inside the other span
+        return s2 < s1 < e2 or s1 < s2 < e1 or (s1 == s2 and e1 == e2)
+    return s1 < e2 and s2 < e1
+
+
+# ---------------------------------------------------------------------------------------------------
+# ``# noqa: CODE`` suppression edits.
+
+# The engine's own pattern (bertlint.engine._NOQA), repeated so that extending a comment matches
+# exactly what the engine reads.
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+
+
+def noqa_edit(line: str, code: str) -> Optional[tuple[int, int, str]]:
+    """The edit that suppresses ``code`` on ``line`` (its text without the line ending):
+    ``(start, end, replacement)`` in 0-based code-point columns, or None when the line cannot take
+    a comment (it continues with a backslash) or is suppressed already."""
+    m = _NOQA.search(line)
+    if m:
+        codes = m.group("codes")
+        if not codes:
+            return None  # a bare `# noqa` suppresses everything already
+        listed = [c for c in re.split(r"[\s,]+", codes) if c]
+        if any(code.startswith(c) for c in listed):
+            return None
+        return m.start(), m.end(), "# noqa: " + ", ".join(listed + [code])
+    body = line.rstrip()
+    if body.endswith("\\"):
+        return None
+    return len(body), len(line), f"  # noqa: {code}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rule pages.
+
+_PKG = Path(__file__).resolve().parent.parent
+
+
+def page_path(code: str) -> Optional[Path]:
+    """The rule's page: bundled in the package (``bertlint/pages``) or in the source tree (``rules/``)."""
+    for base in (_PKG / "pages", _PKG.parent / "rules"):
+        p = base / f"{code}.md"
+        if p.is_file():
+            return p
+    return None
+
+
+def rule_meta(code: str):
+    from bertlint.registry import ENGINE_CODES, get
+
+    r = get(code)
+    if r is not None:
+        return r.meta
+    return ENGINE_CODES.get(code)
+
+
+def page_intro(code: str, limit: int = 900) -> str:
+    """The start of the rule's page: its first section (``## What it finds``), cut at ``limit``
+    characters on a paragraph or line boundary."""
+    p = page_path(code)
+    if p is None:
+        return ""
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    lines = text.splitlines()
+    # drop the title; keep the first section (its heading included) up to the next heading
+    body: list[str] = []
+    seen_section = False
+    for ln in lines:
+        if ln.startswith("# ") and not body:
+            continue
+        if ln.startswith("## "):
+            if seen_section:
+                break
+            seen_section = True
+        body.append(ln)
+    intro = "\n".join(body).strip()
+    if len(intro) > limit:
+        cut = intro.rfind("\n\n", 0, limit)
+        if cut < limit // 3:
+            cut = intro.rfind("\n", 0, limit)
+        if cut < limit // 3:
+            cut = limit
+        intro = intro[:cut].rstrip() + "\n\n…"
+    return intro
+
+
+def hover_markdown(code: str) -> str:
+    meta = rule_meta(code)
+    head = f"**{code}**"
+    if meta is not None:
+        head += f" `{meta.name}` — {meta.summary}"
+    parts = [head]
+    intro = page_intro(code)
+    if intro:
+        parts.append(intro)
+    p = page_path(code)
+    if p is not None:
+        parts.append(f"[Full rule page]({p.as_uri()})")
+    return "\n\n".join(parts)
+
+
+def hover_plain(code: str) -> str:
+    meta = rule_meta(code)
+    head = code if meta is None else f"{code} {meta.name}: {meta.summary}"
+    intro = page_intro(code)
+    return head + ("\n\n" + intro if intro else "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Whole-document edits: the smallest block of whole lines that changed.
+
+
+def changed_block(old: str, new: str) -> Optional[tuple[int, int, str]]:
+    """``(first_line, end_line, replacement)``: replace 0-based lines ``[first_line, end_line)`` of
+    ``old`` with ``replacement`` to get ``new``; None when nothing changed."""
+    if old == new:
+        return None
+    a = old.splitlines(keepends=True)
+    b = new.splitlines(keepends=True)
+    i = 0
+    while i < len(a) and i < len(b) and a[i] == b[i]:
+        i += 1
+    j = 0
+    while j < len(a) - i and j < len(b) - i and a[len(a) - 1 - j] == b[len(b) - 1 - j]:
+        j += 1
+    return i, len(a) - j, "".join(b[i : len(b) - j])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Notebooks.
+
+
+def notebook_json(cells: list[str]) -> str:
+    """A minimal nbformat-4 notebook holding ``cells`` as code cells, in order (cell k of the result
+    is code cell k + 1 in bertlint's numbering)."""
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "metadata": {},
+                "outputs": [],
+                "source": src.splitlines(keepends=True),
+            }
+            for src in cells
+        ],
+        "metadata": {"language_info": {"name": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    return json.dumps(nb, indent=1)
+
+
+_MAGIC = re.compile(r"^(\s*)([%!?]|[A-Za-z_][\w.]*\?\s*$)")
+
+
+def concatenate_cells(cells: list[str]) -> tuple[str, list[int]]:
+    """The cells as one Python source (IPython magics and shell lines blanked to comments) and the
+    1-based row each cell starts on. Used only when the library cannot lint notebooks itself."""
+    out: list[str] = []
+    starts: list[int] = []
+    row = 1
+    for src in cells:
+        starts.append(row)
+        lines = src.splitlines() or [""]
+        for ln in lines:
+            m = _MAGIC.match(ln)
+            out.append(m.group(1) + "#" + ln[len(m.group(1)) + 1 :] if m else ln)
+        row += len(lines)
+    return "\n".join(out) + "\n", starts
+
+
+def split_row(starts: list[int], row: int) -> tuple[int, int]:
+    """Concatenated 1-based ``row`` -> (0-based cell index, 1-based row in the cell)."""
+    idx = 0
+    for k, s in enumerate(starts):
+        if s <= row:
+            idx = k
+    return idx, row - starts[idx] + 1
+
+
+def ipynb_source_rows(text: str) -> dict[tuple[int, int], tuple[int, int]]:
+    """For a notebook's JSON text: (1-based code cell, 1-based row in the cell) -> (0-based line,
+    0-based column of the first character of that source line) in the JSON text. Best effort:
+    finds each cell's source strings in order; rows it cannot find are missing from the map."""
+    try:
+        nb = json.loads(text)
+    except ValueError:
+        return {}
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        return {}
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    starts = _offsets(text)
+    pos = 0
+    code_no = 0
+    for cell in cells:
+        if not isinstance(cell, dict):
+            continue
+        src = cell.get("source", "")
+        if isinstance(src, str):
+            src_lines = src.splitlines(keepends=True)
+        elif isinstance(src, list):
+            src_lines = [s for s in src if isinstance(s, str)]
+        else:
+            src_lines = []
+        if cell.get("cell_type") != "code":
+            # skip past this cell's text so that a markdown cell's lines are not taken for code
+            for s in src_lines:
+                k = text.find(json.dumps(s, ensure_ascii=False)[:-1], pos)
+                if k >= 0:
+                    pos = k + 1
+            continue
+        code_no += 1
+        joined = "".join(src_lines).splitlines()
+        for r, ln in enumerate(joined, start=1):
+            needle = json.dumps(ln, ensure_ascii=False)[:-1]  # the opening quote and the escaped text
+            k = text.find(needle, pos)
+            if k < 0:
+                continue
+            pos = k + 1
+            line = _line_of(starts, k)
+            out[(code_no, r)] = (line, k - starts[line] + 1)
+    return out
+
+
+def _line_of(starts: list[int], offset: int) -> int:
+    lo, hi = 0, len(starts) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if starts[mid] <= offset:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def edit_positions(edits: tuple[Edit, ...]) -> list[tuple[Position, Position, str]]:
+    return [(e.start, e.end, e.content) for e in edits]
