@@ -51,6 +51,13 @@ class FileContext:
         return setup.build(self)
 
     @cached_property
+    def loops(self):
+        """Training-loop model (``bertlint/analysis/loops.py``): iterate for the loops; file-level facts too."""
+        from bertlint.analysis import loops
+
+        return loops.build(self)
+
+    @cached_property
     def positions(self):
         wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
         return wrapper.resolve(PositionProvider)
@@ -124,3 +131,85 @@ class FileContext:
         )
         self.diagnostics.append(d)
         return d
+
+
+class ConfigContext:
+    """Context handed to config-file rules (``targets=("config",)``): a parsed DeepSpeed / accelerate JSON or
+    YAML file. ``data`` is the parsed object; ``kind`` is "deepspeed" | "accelerate" | "unknown" (from keys)."""
+
+    def __init__(self, filename: str, source: str, data: Any, settings: Any, fmt: str = "json") -> None:
+        self.filename = filename
+        self.source = source
+        self.data = data
+        self.settings = settings
+        self.format = fmt  # "json" | "yaml"
+        self.diagnostics: list[Diagnostic] = []
+        self.current: Optional[RuleMeta] = None
+        self._positions: Optional[dict] = None
+
+    @cached_property
+    def kind(self) -> str:
+        from bertlint.sources import config_kind
+
+        return config_kind(self.data)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return self.source.splitlines(keepends=True)
+
+    def key_position(self, path: tuple) -> Position:
+        """Best-effort position of the key ``path`` (e.g. ("zero_optimization", "stage")); falls back to the
+        deepest enclosing key found, then to 1:1."""
+        if self._positions is None:
+            from bertlint.sources import key_positions
+
+            self._positions = key_positions(self.source, self.format)
+        path = tuple(path)
+        while path:
+            if path in self._positions:
+                row, col = self._positions[path]
+                return Position(row, col)
+            path = path[:-1]
+        return Position(1, 1)
+
+    def report_at(
+        self,
+        row: int,
+        col: int,
+        message: str,
+        *,
+        end: Optional[Position] = None,
+        fix: Optional[Fix] = None,
+        severity: Optional[Severity] = None,
+        data: Optional[dict] = None,
+        code: Optional[str] = None,
+    ) -> Diagnostic:
+        meta = self.current
+        assert meta is not None, "report_at() called outside a rule"
+        if code is not None and code != meta.code:
+            from bertlint.registry import get
+
+            other = get(code)
+            meta = other.meta if other else meta
+        start = Position(max(int(row), 1), max(int(col), 1))
+        if end is None:
+            line = self.lines[start.row - 1] if start.row - 1 < len(self.lines) else ""
+            end = Position(start.row, max(len(line.rstrip("\r\n")) + 1, start.column))
+        d = Diagnostic(
+            code=meta.code,
+            name=meta.name,
+            severity=Severity(severity) if severity else meta.severity,
+            message=message,
+            filename=self.filename,
+            start=start,
+            end=end,
+            fix=fix,
+            data=dict(data or {}),
+        )
+        self.diagnostics.append(d)
+        return d
+
+    def report_key(self, path: tuple, message: str, **kw: Any) -> Diagnostic:
+        """``report_at`` the position of the key ``path``."""
+        p = self.key_position(path)
+        return self.report_at(p.row, p.column, message, **kw)

@@ -1,0 +1,1132 @@
+"""The resolved Hugging Face Trainer training set-up(s) of one file: ``ctx.setup`` (a :class:`FileSetup`).
+
+What is resolved, statically and without importing anything:
+
+* ``TrainingArguments(...)`` / ``Seq2SeqTrainingArguments(...)``: keyword literals, variables and module constants,
+  ``**dict`` of a literal dict, argparse defaults (``args.x``), dataclass field defaults (``HfArgumentParser``
+  dataclasses, including subclasses of ``TrainingArguments`` that change a default), attribute assignments after
+  construction (``training_args.gradient_accumulation_steps = 4``), and a JSON/YAML arguments file given as a literal
+  path (``parser.parse_json_file("args.json")``, ``parse_yaml_file``, ``parse_dict({...})``).
+* ``Trainer(...)`` and its subclasses: model (or ``model_init``), ``compute_loss`` override, ``compute_loss_func``,
+  ``compute_metrics``, ``preprocess_logits_for_metrics``, ``optimizers=(opt, sched)``, ``callbacks``, and the loss
+  scaling switches ``trainer.model_accepts_loss_kwargs = False`` / class attribute ``loss_is_scaled_for_ga``.
+* The model: its class (``AutoModelFor*.from_pretrained(name)`` mapped through the checkpoint name, a local
+  ``config.json``, or a direct ``BertForMaskedLM(config)``), ``dtype``/``torch_dtype``, ``.half()``/``.to(dtype)``
+  casts, PEFT wrapping, frozen parameters, checkpointing calls and their kwargs, ``enable_input_require_grads()``.
+
+Everything uncertain is ``UNKNOWN`` (from ``bertlint.analysis.symbols``); rules stay silent on it.
+
+The data classes here are plain and documented: ``explain`` and the memory simulator (``bertlint/memory``) read
+them. The main entry is ``FileSetup.setups`` — a list of :class:`TrainingSetup`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Optional
+
+import libcst as cst
+
+from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, dotted, kwarg, literal, positional
+
+# ---------------------------------------------------------------------------------------------------------------
+# known names
+
+TRAINER_QUALNAMES = {
+    "transformers.Trainer",
+    "transformers.trainer.Trainer",
+    "transformers.Seq2SeqTrainer",
+    "transformers.trainer_seq2seq.Seq2SeqTrainer",
+}
+ARGS_QUALNAMES = {
+    "transformers.TrainingArguments",
+    "transformers.training_args.TrainingArguments",
+    "transformers.Seq2SeqTrainingArguments",
+    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+}
+
+# TrainingArguments defaults (5.24.0; unchanged for these fields since 4.45 unless noted) of the fields bertlint reads.
+ARG_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 8,
+    "per_device_eval_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_train_epochs": 3.0,
+    "max_steps": -1,
+    "learning_rate": 5e-05,
+    "warmup_steps": 0,
+    "max_grad_norm": 1.0,
+    "fp16": False,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "gradient_checkpointing_kwargs": None,
+    "activation_checkpointing": False,
+    "activation_checkpointing_kwargs": None,
+    "auto_find_batch_size": False,
+    "eval_strategy": "no",
+    "eval_accumulation_steps": None,
+    "prediction_loss_only": False,
+    "batch_eval_metrics": False,
+    "torch_empty_cache_steps": None,
+    "logging_steps": 500,
+    "save_steps": 500,
+    "eval_steps": None,
+    "ddp_find_unused_parameters": None,
+    "deepspeed": None,
+    "use_cpu": False,
+    "dataloader_drop_last": False,
+    "average_tokens_across_devices": True,
+    "use_cache": False,
+}
+
+# BERT-family model types: class-name prefix and checkpoint-name patterns.
+FAMILY_PREFIX = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "electra": "Electra",
+    "deberta-v2": "DebertaV2",
+    "albert": "Albert",
+    "distilbert": "DistilBert",
+    "modernbert": "ModernBert",
+}
+PREFIX_FAMILY = {v: k for k, v in FAMILY_PREFIX.items()}
+
+HEADS = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForMaskedLM",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForCausalLM",
+    "ForPreTraining",
+    "ForNextSentencePrediction",
+    "LMHeadModel",
+    "Model",
+)
+
+# AutoModelFor* -> head suffix
+AUTO_HEADS = {
+    "AutoModelForSequenceClassification": "ForSequenceClassification",
+    "AutoModelForTokenClassification": "ForTokenClassification",
+    "AutoModelForMaskedLM": "ForMaskedLM",
+    "AutoModelForQuestionAnswering": "ForQuestionAnswering",
+    "AutoModelForMultipleChoice": "ForMultipleChoice",
+    "AutoModelForCausalLM": "ForCausalLM",
+    "AutoModelForPreTraining": "ForPreTraining",
+    "AutoModel": "Model",
+}
+
+TOKEN_LEVEL_HEADS = {"ForTokenClassification", "ForMaskedLM", "ForCausalLM", "LMHeadModel", "ForPreTraining"}
+
+
+def checkpoint_family(name: str) -> Optional[str]:
+    """Model type of a hub checkpoint name when the name says it unambiguously ("bert-base-uncased" -> "bert").
+    None for anything else (a fine-tuned name that hides its architecture stays unknown)."""
+    if not isinstance(name, str) or not name:
+        return None
+    last = name.rstrip("/").split("/")[-1].lower()
+    org = name.split("/")[0].lower() if "/" in name else ""
+    if re.match(r"^modernbert", last):
+        return "modernbert"
+    if re.match(r"^(mdeberta-v3|deberta-v3|deberta-v2)", last):
+        return "deberta-v2"
+    if re.match(r"^distilroberta", last):
+        return "roberta"
+    if re.match(r"^distilbert", last):
+        return "distilbert"
+    if re.match(r"^xlm-roberta", last):
+        return "xlm-roberta"
+    if re.match(r"^roberta-(base|large)", last):
+        return "roberta"
+    if re.match(r"^electra-(small|base|large)", last):
+        return "electra"
+    if re.match(r"^albert-(base|large|xlarge|xxlarge)", last):
+        return "albert"
+    if re.match(r"^bert-(base|large)", last) or org == "google-bert":
+        return "bert"
+    return None
+
+
+def split_class(class_name: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """"BertForSequenceClassification" -> ("bert", "ForSequenceClassification"); unknown -> (None, None)."""
+    if not class_name:
+        return None, None
+    for prefix in sorted(PREFIX_FAMILY, key=len, reverse=True):
+        if class_name.startswith(prefix):
+            head = class_name[len(prefix):]
+            if head in HEADS:
+                return PREFIX_FAMILY[prefix], head
+    return None, None
+
+
+def concrete_class(family: Optional[str], head: Optional[str]) -> Optional[str]:
+    if not family or not head:
+        return None
+    prefix = FAMILY_PREFIX[family]
+    if head == "ForCausalLM" and family == "bert":
+        return "BertLMHeadModel"
+    return prefix + head
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# architectures
+
+
+@lru_cache(maxsize=1)
+def architectures() -> dict[str, dict]:
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "architectures.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return dict(json.load(f).get("architectures", {}))
+    except (OSError, ValueError):
+        return {}
+
+
+def architecture_for(checkpoint: Optional[str]) -> Optional[dict]:
+    if not isinstance(checkpoint, str):
+        return None
+    key = checkpoint.rstrip("/").split("/")[-1].lower()
+    table = architectures()
+    for name, arch in table.items():
+        if key == name or checkpoint in arch.get("aliases", []) or key in [a.split("/")[-1].lower() for a in arch.get("aliases", [])]:
+            return dict(arch, name=name)
+    return None
+
+
+_BERT_DEFAULTS = {
+    "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+    "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2,
+}
+
+
+def bert_like_parameters(a: dict) -> Optional[int]:
+    """Parameter count of a BERT/RoBERTa/ELECTRA-style encoder (embeddings + layers + pooler) from its config."""
+    try:
+        h = int(a["hidden_size"]); L = int(a["num_hidden_layers"]); i = int(a["intermediate_size"])
+        v = int(a["vocab_size"]); p = int(a["max_position_embeddings"]); t = int(a.get("type_vocab_size", 2))
+    except (KeyError, TypeError, ValueError):
+        return None
+    emb = (v + p + t) * h + 2 * h
+    layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+    pooler = h * h + h
+    return emb + L * layer + pooler
+
+
+def read_local_config(directory: str) -> Optional[dict]:
+    """A local model folder's ``config.json`` (never a download)."""
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def normalize_dtype(v: Any, qual: Optional[str] = None) -> Optional[str]:
+    """torch.float16 / "float16" / torch.half -> "float16"; "auto" -> "auto"; unknown -> None."""
+    text = qual or (v if isinstance(v, str) else None)
+    if not text:
+        return None
+    t = text.split(".")[-1].lower()
+    return {
+        "float16": "float16", "half": "float16", "fp16": "float16",
+        "bfloat16": "bfloat16", "bf16": "bfloat16",
+        "float32": "float32", "float": "float32", "fp32": "float32",
+        "auto": "auto",
+    }.get(t)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# data classes
+
+
+@dataclass
+class Setting:
+    """One resolved TrainingArguments field."""
+
+    value: Any  # UNKNOWN when not statically known
+    origin: str  # "keyword", "argparse default of --x", "dataclass default", "args.json", "attribute assignment"
+    node: Optional[cst.CSTNode] = None  # where it is written (the keyword Arg), for reports
+
+
+@dataclass
+class TrainingArgs:
+    """A ``TrainingArguments`` object of the script."""
+
+    node: Optional[cst.CSTNode]  # the constructor call, or the parse call
+    var: Optional[str] = None
+    func: Any = None
+    class_name: str = "TrainingArguments"
+    explicit: dict[str, Setting] = field(default_factory=dict)
+    open_ended: bool = False  # an unresolved **splat: fields not in ``explicit`` are unknown
+    runtime_cli: bool = False  # values parsed from the command line at run time (defaults apply if not given)
+    source_file: Optional[str] = None  # JSON/YAML file the values came from
+
+    def setting(self, name: str) -> Optional[Setting]:
+        return self.explicit.get(name)
+
+    def get(self, name: str) -> Any:
+        """The value the Trainer will see: explicit, else the TrainingArguments default; UNKNOWN when it depends on
+        something not visible (an unresolved ``**splat`` or command-line parsing)."""
+        s = self.explicit.get(name)
+        if s is not None:
+            return s.value
+        if self.open_ended or self.runtime_cli:
+            return UNKNOWN
+        return ARG_DEFAULTS.get(name, UNKNOWN)
+
+    def default(self, name: str) -> Any:
+        return ARG_DEFAULTS.get(name, UNKNOWN)
+
+    def int(self, name: str) -> Optional[int]:
+        v = self.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        if isinstance(v, float) and not v.is_integer():
+            return None
+        return int(v)
+
+    def keyword_node(self, name: str) -> Optional[cst.CSTNode]:
+        s = self.explicit.get(name)
+        return s.node if s is not None and s.node is not None else None
+
+    def origin(self, name: str) -> str:
+        s = self.explicit.get(name)
+        if s is not None:
+            return s.origin
+        if self.open_ended:
+            return "unknown (**kwargs not resolved)"
+        if self.runtime_cli:
+            return f"command line (default {ARG_DEFAULTS.get(name)!r})"
+        return "TrainingArguments default"
+
+
+@dataclass
+class CheckpointCall:
+    """``model.gradient_checkpointing_enable(...)`` / ``activation_checkpointing_enable(...)``."""
+
+    node: cst.Call
+    method: str
+    kwargs: Any  # dict, None (not given) or UNKNOWN
+    kwargs_node: Optional[cst.CSTNode]
+    row: int
+
+
+@dataclass
+class ModelInfo:
+    """The model a Trainer trains (or any model object the script builds)."""
+
+    node: Optional[cst.CSTNode]  # the creating call
+    var: Optional[str] = None
+    declared_class: Optional[str] = None  # as written: "AutoModelForSequenceClassification", "BertForMaskedLM"
+    class_name: Optional[str] = None  # the concrete class when known: "BertForSequenceClassification"
+    family: Optional[str] = None  # "bert", "roberta", ...
+    head: Optional[str] = None  # "ForSequenceClassification"
+    checkpoint: Optional[str] = None
+    architecture: Optional[dict] = None  # hidden_size, num_hidden_layers, ..., parameters
+    architecture_source: Optional[str] = None  # "table: bert-base-uncased", "local config.json", "BertConfig(...)"
+    dtype: Optional[str] = None  # load dtype: float16 | bfloat16 | float32 | auto | None (not given)
+    dtype_node: Optional[cst.CSTNode] = None
+    cast: Optional[str] = None  # later cast: float16 | bfloat16 | float32
+    cast_node: Optional[cst.CSTNode] = None
+    peft: bool = False
+    peft_node: Optional[cst.CSTNode] = None
+    kbit: bool = False
+    frozen_inputs: list = field(default_factory=list)  # nodes that freeze embeddings / input-side parameters
+    frozen_any: bool = False
+    checkpointing: list = field(default_factory=list)  # CheckpointCall
+    input_require_grads: bool = False
+    use_cache_true: Optional[cst.CSTNode] = None
+    is_decoder: Optional[bool] = None
+    from_pretrained: bool = False
+
+    @property
+    def weights_dtype(self) -> Optional[str]:
+        return self.cast or (self.dtype if self.dtype != "auto" else None)
+
+    @property
+    def parameters(self) -> Optional[int]:
+        a = self.architecture or {}
+        n = a.get("parameters")
+        return int(n) if isinstance(n, (int, float)) else None
+
+
+@dataclass
+class TrainerInfo:
+    """One ``Trainer(...)`` construction."""
+
+    node: cst.Call
+    stmt: Optional[cst.SimpleStatementLine] = None
+    var: Optional[str] = None
+    func: Any = None
+    class_name: str = "Trainer"
+    subclass: Optional[cst.ClassDef] = None  # the user's subclass, if any
+    methods: dict = field(default_factory=dict)  # overridden method name -> FunctionDef (whole subclass chain)
+    args: Optional[TrainingArgs] = None
+    args_expr: Optional[cst.BaseExpression] = None
+    model: Optional[ModelInfo] = None
+    model_expr: Optional[cst.BaseExpression] = None
+    compute_loss_func: Optional[cst.BaseExpression] = None
+    compute_metrics: Optional[cst.BaseExpression] = None
+    preprocess_logits_for_metrics: Optional[cst.BaseExpression] = None
+    optimizers: Optional[cst.BaseExpression] = None
+    callbacks: Optional[cst.BaseExpression] = None
+    loss_scaling_override: Optional[str] = None  # text of the switch that makes the Trainer divide, if any
+
+    @property
+    def compute_loss(self) -> Optional[cst.FunctionDef]:
+        return self.methods.get("compute_loss")
+
+
+@dataclass
+class TrainingSetup:
+    """A training set-up for ``explain`` and the memory simulator."""
+
+    framework: str  # "transformers.Trainer"
+    node: cst.CSTNode
+    trainer: Optional[TrainerInfo]
+    args: Optional[TrainingArgs]
+    model: Optional[ModelInfo]
+
+    @property
+    def micro_batch(self) -> Any:
+        return self.args.get("per_device_train_batch_size") if self.args else UNKNOWN
+
+    @property
+    def accumulation(self) -> Any:
+        return self.args.get("gradient_accumulation_steps") if self.args else UNKNOWN
+
+    @property
+    def precision(self) -> str:
+        a = self.args
+        if a is None:
+            return "unknown"
+        fp16, bf16 = a.get("fp16"), a.get("bf16")
+        wd = self.model.weights_dtype if self.model else None
+        if fp16 is True and bf16 is True:
+            return "conflicting (fp16 and bf16)"
+        if fp16 is True:
+            return "fp16 mixed precision" + (f" on {wd} weights" if wd in ("float16", "bfloat16") else "")
+        if bf16 is True:
+            return "bf16 mixed precision" + (f" on {wd} weights" if wd in ("float16", "bfloat16") else "")
+        if fp16 is UNKNOWN or bf16 is UNKNOWN:
+            return "unknown"
+        return f"{wd or 'float32'} (no mixed precision)"
+
+    @property
+    def checkpointing(self) -> Any:
+        """True / False / UNKNOWN."""
+        a = self.args
+        vals = []
+        if a is not None:
+            vals = [a.get("gradient_checkpointing"), a.get("activation_checkpointing")]
+        if self.model is not None and self.model.checkpointing:
+            return True
+        if any(v is True for v in vals):
+            return True
+        if any(v is UNKNOWN for v in vals):
+            return UNKNOWN
+        return False
+
+    @property
+    def checkpointing_kwargs(self) -> Any:
+        if self.model is not None and self.model.checkpointing:
+            return self.model.checkpointing[-1].kwargs
+        a = self.args
+        if a is None:
+            return None
+        for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+            s = a.setting(name)
+            if s is not None:
+                return s.value
+        return a.get("gradient_checkpointing_kwargs")
+
+
+@dataclass
+class FileSetup:
+    trainers: list = field(default_factory=list)  # TrainerInfo
+    training_args: list = field(default_factory=list)  # TrainingArgs
+    models: list = field(default_factory=list)  # ModelInfo (every model object found)
+    disables_loss_kwargs: Optional[str] = None  # the first text that switches the Trainer's own division on
+
+    @property
+    def setups(self) -> list:
+        out = [TrainingSetup("transformers.Trainer", t.node, t, t.args, t.model) for t in self.trainers]
+        used = {id(t.args) for t in self.trainers if t.args is not None}
+        for a in self.training_args:  # TrainingArguments without a visible Trainer
+            if id(a) not in used and a.node is not None:
+                out.append(TrainingSetup("transformers.Trainer", a.node, None, a, None))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the walk
+
+
+@dataclass
+class CallSite:
+    call: cst.Call
+    func: Any
+    stmt: Optional[cst.SimpleStatementLine]
+    targets: list  # assignment targets when the call is the whole value of an assignment: ["x"] / ["a", "b"]
+    is_expr: bool  # an expression statement `x.half()`
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[CallSite] = []
+        self.fors: list[tuple[cst.For, Any]] = []
+        self._func: list = []
+        self._stmt: list = []
+        self._targets: dict[int, list] = {}
+        self._exprs: set[int] = set()
+
+    def visit_FunctionDef(self, node):
+        self._func.append(node)
+
+    def leave_FunctionDef(self, node):
+        self._func.pop()
+
+    def visit_SimpleStatementLine(self, node):
+        self._stmt.append(node)
+        for small in node.body:
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and isinstance(small.value, cst.Call):
+                targets = []
+                tlist = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                for t in tlist:
+                    if isinstance(t, (cst.Tuple, cst.List)):
+                        targets.extend(dotted(e.value) or "" for e in t.elements)
+                    else:
+                        targets.append(dotted(t) or "")
+                self._targets[id(small.value)] = targets
+            elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                self._exprs.add(id(small.value))
+
+    def leave_SimpleStatementLine(self, node):
+        self._stmt.pop()
+
+    def visit_For(self, node):
+        self.fors.append((node, self._func[-1] if self._func else None))
+
+    def visit_Call(self, node):
+        self.calls.append(
+            CallSite(
+                node,
+                self._func[-1] if self._func else None,
+                self._stmt[-1] if self._stmt else None,
+                self._targets.get(id(node), []),
+                id(node) in self._exprs,
+            )
+        )
+
+
+_FREEZE_RE = re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False\s*\)")
+
+
+class _Builder:
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.t = ctx.symbols
+        self.r = ctx.resolver
+        self.col = _Collector()
+        ctx.module.visit(self.col)
+        self.dir = os.path.dirname(os.path.abspath(ctx.filename)) if ctx.filename not in ("-", "<stdin>") else "."
+        self.by_call: dict[int, CallSite] = {id(c.call): c for c in self.col.calls}
+        self._resolving: set[str] = set()
+
+    # ---- naming
+    def qual(self, expr: cst.BaseExpression) -> Optional[str]:
+        q = self.t.qualname(expr)
+        if q:
+            return q
+        return None
+
+    def is_transformers_name(self, expr: cst.BaseExpression, qualnames: set, bare: set) -> bool:
+        q = self.qual(expr)
+        if q in qualnames:
+            return True
+        d = dotted(expr)
+        return q is None and d in bare and self.t.uses("transformers") and d not in self.t.classes
+
+    def trainer_class(self, expr: cst.BaseExpression) -> Optional[tuple[str, Optional[cst.ClassDef]]]:
+        """(class name, user subclass or None) when ``expr`` names transformers' Trainer or a subclass of it."""
+        if self.is_transformers_name(expr, TRAINER_QUALNAMES, {"Trainer", "Seq2SeqTrainer"}):
+            return dotted(expr) or "Trainer", None
+        d = dotted(expr)
+        if d and d in self.t.classes and self._subclasses_trainer(d, 0):
+            return d, self.t.classes[d]
+        return None
+
+    def _subclasses_trainer(self, name: str, depth: int) -> bool:
+        if depth > 8:
+            return False
+        cls = self.t.classes.get(name)
+        if cls is None:
+            return False
+        for b in cls.bases:
+            if self.is_transformers_name(b.value, TRAINER_QUALNAMES, {"Trainer", "Seq2SeqTrainer"}):
+                return True
+            bd = dotted(b.value)
+            if bd and bd in self.t.classes and bd != name and self._subclasses_trainer(bd, depth + 1):
+                return True
+        return False
+
+    def _class_chain(self, name: str) -> list[cst.ClassDef]:
+        out, seen = [], set()
+        while name and name in self.t.classes and name not in seen:
+            seen.add(name)
+            cls = self.t.classes[name]
+            out.append(cls)
+            nxt = None
+            for b in cls.bases:
+                bd = dotted(b.value)
+                if bd and bd in self.t.classes:
+                    nxt = bd
+                    break
+            name = nxt
+        return out
+
+    def is_args_class(self, expr: cst.BaseExpression) -> bool:
+        if self.is_transformers_name(expr, ARGS_QUALNAMES, {"TrainingArguments", "Seq2SeqTrainingArguments"}):
+            return True
+        d = dotted(expr)
+        if d and d in self.t.classes:
+            for cls in self._class_chain(d):
+                for b in cls.bases:
+                    if self.is_transformers_name(b.value, ARGS_QUALNAMES, {"TrainingArguments", "Seq2SeqTrainingArguments"}):
+                        return True
+        return False
+
+    # ---- TrainingArguments
+    def args_from_call(self, site: CallSite) -> TrainingArgs:
+        call = site.call
+        name = dotted(call.func) or "TrainingArguments"
+        ta = TrainingArgs(call, site.targets[0] if len(site.targets) == 1 and site.targets[0] else None, site.func,
+                          class_name=name.split(".")[-1])
+        # defaults of a user subclass of TrainingArguments
+        if name in self.t.classes:
+            self._subclass_defaults(name, ta)
+        for a in call.args:
+            if a.keyword is not None:
+                v = self.r.value(a.value, site.func)
+                ta.explicit[a.keyword.value] = Setting(v, self._origin(a.value), a)
+            elif a.star == "**":
+                d = self.r.value(a.value, site.func)
+                if isinstance(d, dict):
+                    for k, v in d.items():
+                        if isinstance(k, str):
+                            ta.explicit[k] = Setting(v, f"**{code_of(a.value)}", a)
+                else:
+                    ta.open_ended = True
+            elif a.star == "*":
+                ta.open_ended = True
+        return ta
+
+    def _subclass_defaults(self, name: str, ta: TrainingArgs) -> None:
+        for cls in reversed(self._class_chain(name)):
+            body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+            for stmt in body:
+                if not isinstance(stmt, cst.SimpleStatementLine):
+                    continue
+                for small in stmt.body:
+                    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value:
+                        val = small.value
+                        if isinstance(val, cst.Call) and (call_name(val) or "").split(".")[-1] == "field":
+                            val = kwarg(val, "default")
+                            if val is None:
+                                continue
+                        ta.explicit[small.target.value] = Setting(
+                            self.r.value(val, None), f"default of the `{cls.name.value}` dataclass field", small)
+
+    def _origin(self, expr: cst.BaseExpression) -> str:
+        if literal(expr) is not UNKNOWN:
+            return "keyword"
+        if isinstance(expr, cst.Attribute) and expr.attr.value in self.t.argparse:
+            return f"argparse default of --{expr.attr.value}"
+        if isinstance(expr, cst.Attribute) and expr.attr.value in self.t.dataclass_fields:
+            return f"dataclass default of `{expr.attr.value}`"
+        d = dotted(expr)
+        if d:
+            return f"keyword (`{d}`)"
+        return "keyword"
+
+    def hf_parser_args(self) -> list[TrainingArgs]:
+        """``HfArgumentParser((ModelArguments, TrainingArguments))`` + ``parse_*`` calls."""
+        out = []
+        parsers: dict[str, int] = {}  # parser var -> index of the TrainingArguments class in its tuple
+        classes_of: dict[str, list] = {}
+        for site in self.col.calls:
+            n = call_name(site.call) or ""
+            if n.split(".")[-1] != "HfArgumentParser" or len(site.targets) != 1:
+                continue
+            first = positional(site.call, 0) or kwarg(site.call, "dataclass_types")
+            if first is None:
+                continue
+            elems = [e.value for e in first.elements] if isinstance(first, (cst.Tuple, cst.List)) else [first]
+            for i, e in enumerate(elems):
+                if self.is_args_class(e):
+                    parsers[site.targets[0]] = i
+                    classes_of[site.targets[0]] = elems
+                    break
+        if not parsers:
+            return out
+        for site in self.col.calls:
+            f = site.call.func
+            if not isinstance(f, cst.Attribute) or dotted(f.value) not in parsers:
+                continue
+            method = f.attr.value
+            if not method.startswith("parse_"):
+                continue
+            pvar = dotted(f.value)
+            idx = parsers[pvar]
+            elems = classes_of[pvar]
+            targets = site.targets
+            var = None
+            if len(targets) == len(elems):
+                var = targets[idx] or None
+            elif len(targets) == 1 and len(elems) == 1:
+                var = targets[0] or None
+            cls_expr = elems[idx]
+            ta = TrainingArgs(site.call, var, site.func, class_name=dotted(cls_expr) or "TrainingArguments")
+            cname = dotted(cls_expr)
+            if cname and cname in self.t.classes:
+                self._subclass_defaults(cname, ta)
+            if method in ("parse_json_file", "parse_yaml_file"):
+                arg = positional(site.call, 0) or kwarg(site.call, "json_file") or kwarg(site.call, "yaml_file")
+                path = self.r.value(arg, site.func)
+                if isinstance(path, str):
+                    data = self._load_args_file(path)
+                    if isinstance(data, dict):
+                        ta.source_file = path
+                        for k, v in data.items():
+                            ta.explicit[str(k)] = Setting(v, os.path.basename(path), site.call)
+                    else:
+                        ta.open_ended = True
+                else:
+                    ta.open_ended = True
+            elif method == "parse_dict":
+                d = self.r.value(positional(site.call, 0) or kwarg(site.call, "args"), site.func)
+                if isinstance(d, dict):
+                    for k, v in d.items():
+                        ta.explicit[str(k)] = Setting(v, "parse_dict", site.call)
+                else:
+                    ta.open_ended = True
+            else:  # parse_args_into_dataclasses / parse_args: values from the command line
+                ta.runtime_cli = True
+            out.append(ta)
+        return out
+
+    def _load_args_file(self, path: str) -> Any:
+        full = path if os.path.isabs(path) else os.path.join(self.dir, path)
+        try:
+            with open(full, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            return None
+        if full.endswith((".yaml", ".yml")):
+            try:
+                import yaml  # optional; only for YAML arguments files
+
+                return yaml.safe_load(text)
+            except Exception:
+                return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+    def apply_attribute_assignments(self, ta: TrainingArgs) -> None:
+        if not ta.var:
+            return
+        prefix = ta.var + "."
+        for target, assigns in self.t.assignments.items():
+            if target.startswith(prefix) and target.count(".") == ta.var.count(".") + 1:
+                name = target[len(prefix):]
+                vals = [self.r.value(a.value, a.func) for a in assigns]
+                v = vals[0] if all(x == vals[0] and x is not UNKNOWN for x in vals) else UNKNOWN
+                ta.explicit[name] = Setting(v, "attribute assignment", assigns[-1].node)
+
+    # ---- models
+    def model_from_expr(self, expr: Optional[cst.BaseExpression], func: Any, depth: int = 0) -> Optional[ModelInfo]:
+        if expr is None or depth > 6:
+            return None
+        if isinstance(expr, cst.Name):
+            if expr.value in self._resolving:
+                return None
+            assigns = self.t.assignments_of(expr.value, func)
+            if not assigns:
+                return None
+            info = ModelInfo(None, var=expr.value)
+            found = False
+            self._resolving.add(expr.value)
+            try:
+                for a in assigns:
+                    if isinstance(a.value, cst.Call):
+                        sub = self._model_from_call(a.value, a.func, depth + 1, info)
+                        found = found or sub
+            finally:
+                self._resolving.discard(expr.value)
+            if not found:
+                return None
+            self._scan_model_var(info, expr.value, func)
+            return info
+        if isinstance(expr, cst.Call):
+            info = ModelInfo(None)
+            if self._model_from_call(expr, func, depth + 1, info):
+                return info
+        return None
+
+    def _model_from_call(self, call: cst.Call, func: Any, depth: int, info: ModelInfo) -> bool:
+        """Fold what ``call`` says about the model into ``info``; True if it produced or wrapped a model."""
+        name = call_name(call) or ""
+        last = name.split(".")[-1]
+        if isinstance(call.func, cst.Attribute) and last in ("half", "bfloat16", "float", "to", "cuda", "train", "cpu"):
+            inner = call.func.value
+            cast = None
+            if last == "half":
+                cast = "float16"
+            elif last == "bfloat16":
+                cast = "bfloat16"
+            elif last == "float":
+                cast = "float32"
+            elif last == "to":
+                cast = self._dtype_in_to(call, func)
+            if cast:
+                info.cast, info.cast_node = cast, call
+            if isinstance(inner, cst.Call):
+                return self._model_from_call(inner, func, depth + 1, info)
+            if isinstance(inner, cst.Name):
+                sub = self.model_from_expr(inner, func, depth + 1)
+                if sub:
+                    self._merge(info, sub)
+                    return True
+            return False
+        if last in ("get_peft_model", "prepare_model_for_kbit_training") or name.endswith("PeftModel.from_pretrained"):
+            if last == "prepare_model_for_kbit_training":
+                info.kbit = True
+            else:
+                info.peft = True
+            info.peft_node = info.peft_node or call
+            inner = positional(call, 0) or kwarg(call, "model")
+            if isinstance(inner, cst.Call):
+                self._model_from_call(inner, func, depth + 1, info)
+            elif isinstance(inner, cst.Name):
+                sub = self.model_from_expr(inner, func, depth + 1)
+                if sub:
+                    self._merge(info, sub)
+            return True
+        if last == "from_pretrained" and isinstance(call.func, cst.Attribute):
+            cls_expr = call.func.value
+            cls = dotted(cls_expr) or ""
+            cls_last = cls.split(".")[-1]
+            if not (cls_last.startswith("AutoModel") or split_class(cls_last)[0] or self._is_transformers_class(cls_expr)):
+                return False
+            info.node = info.node or call
+            info.from_pretrained = True
+            info.declared_class = cls_last
+            ckpt = self.r.value(positional(call, 0) or kwarg(call, "pretrained_model_name_or_path"), func)
+            info.checkpoint = ckpt if isinstance(ckpt, str) else None
+            fam, head = split_class(cls_last)
+            if fam is None and cls_last in AUTO_HEADS:
+                head = AUTO_HEADS[cls_last]
+                fam, arch, src = self._family_of_checkpoint(info.checkpoint)
+                info.architecture, info.architecture_source = arch, src
+            else:
+                _, arch, src = self._family_of_checkpoint(info.checkpoint)
+                info.architecture, info.architecture_source = arch, src
+            info.family, info.head = fam, head
+            info.class_name = concrete_class(fam, head) if cls_last in AUTO_HEADS else (cls_last if fam else cls_last)
+            for kw in ("dtype", "torch_dtype"):
+                e = kwarg(call, kw)
+                if e is not None:
+                    info.dtype = normalize_dtype(self.r.value(e, func), self.qual(e) or dotted(e))
+                    info.dtype_node = e
+                    if info.dtype is None:
+                        info.dtype = "unknown"
+            if kwarg(call, "load_in_8bit") is not None or kwarg(call, "load_in_4bit") is not None or kwarg(call, "quantization_config") is not None:
+                info.kbit = True
+            return True
+        fam, head = split_class(last)
+        if fam is not None or self._is_transformers_class(call.func):
+            info.node = info.node or call
+            info.declared_class = last
+            info.class_name = last
+            info.family, info.head = fam, head
+            cfg = positional(call, 0) or kwarg(call, "config")
+            arch = self._arch_from_config_expr(cfg, func)
+            if arch:
+                info.architecture, info.architecture_source = arch
+            return True
+        return False
+
+    def _is_transformers_class(self, expr: cst.BaseExpression) -> bool:
+        q = self.qual(expr) or ""
+        last = q.split(".")[-1]
+        return q.startswith("transformers.") and (last.endswith(HEADS) and last[:1].isupper())
+
+    def _dtype_in_to(self, call: cst.Call, func: Any) -> Optional[str]:
+        for a in call.args:
+            if a.keyword is None or a.keyword.value == "dtype":
+                q = self.qual(a.value) or dotted(a.value)
+                if q and q.startswith("torch."):
+                    d = normalize_dtype(None, q)
+                    if d:
+                        return d
+        return None
+
+    def _family_of_checkpoint(self, ckpt: Optional[str]) -> tuple[Optional[str], Optional[dict], Optional[str]]:
+        if not isinstance(ckpt, str):
+            return None, None, None
+        local = os.path.join(self.dir, ckpt) if not os.path.isabs(ckpt) else ckpt
+        if (ckpt.startswith((".", "/")) or os.path.isdir(local)) and os.path.isdir(local):
+            data = read_local_config(local)
+            if data:
+                mt = str(data.get("model_type", "")).lower()
+                fam = mt if mt in FAMILY_PREFIX else None
+                arch = {k: data.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                   "intermediate_size", "vocab_size", "max_position_embeddings",
+                                                   "type_vocab_size")}
+                if fam in ("bert", "roberta", "xlm-roberta", "electra") and data.get("embedding_size", arch["hidden_size"]) == arch["hidden_size"]:
+                    n = bert_like_parameters({k: v for k, v in arch.items() if v is not None})
+                    if n:
+                        arch["parameters"] = n
+                arch["is_decoder"] = bool(data.get("is_decoder", False))
+                return fam, arch, f"local {os.path.join(ckpt, 'config.json')}"
+            return None, None, None
+        fam = checkpoint_family(ckpt)
+        arch = architecture_for(ckpt)
+        if arch is not None:
+            fam = fam or arch.get("model_type")
+            return fam, arch, f"built-in table ({arch['name']})"
+        return fam, None, None
+
+    def _arch_from_config_expr(self, cfg: Optional[cst.BaseExpression], func: Any) -> Optional[tuple[dict, str]]:
+        if isinstance(cfg, cst.Name):
+            for a in self.t.assignments_of(cfg.value, func):
+                if isinstance(a.value, cst.Call):
+                    return self._arch_from_config_expr(a.value, a.func)
+            return None
+        if not isinstance(cfg, cst.Call):
+            return None
+        name = (call_name(cfg) or "").split(".")[-1]
+        if name == "from_pretrained" and isinstance(cfg.func, cst.Attribute):
+            ckpt = self.r.value(positional(cfg, 0), func)
+            fam, arch, src = self._family_of_checkpoint(ckpt if isinstance(ckpt, str) else None)
+            return (arch, src) if arch else None
+        if name in ("BertConfig", "RobertaConfig", "ElectraConfig", "XLMRobertaConfig"):
+            arch = dict(_BERT_DEFAULTS)
+            if name in ("RobertaConfig", "XLMRobertaConfig"):
+                arch.update(vocab_size=50265 if name == "RobertaConfig" else 250002, max_position_embeddings=514, type_vocab_size=1)
+            if name == "ElectraConfig":
+                arch.update(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024)
+            for a in cfg.args:
+                if a.keyword is not None and a.keyword.value in arch:
+                    v = self.r.value(a.value, func)
+                    if isinstance(v, int) and not isinstance(v, bool):
+                        arch[a.keyword.value] = v
+                    else:
+                        return None
+                if a.keyword is not None and a.keyword.value == "is_decoder":
+                    arch["is_decoder"] = self.r.value(a.value, func) is True
+                if a.keyword is not None and a.keyword.value == "embedding_size":
+                    return None
+            n = bert_like_parameters(arch)
+            if n:
+                arch["parameters"] = n
+            return arch, f"{name}(...) in the script"
+        return None
+
+    def _merge(self, info: ModelInfo, sub: ModelInfo) -> None:
+        for f in ("node", "declared_class", "class_name", "family", "head", "checkpoint", "architecture",
+                  "architecture_source", "dtype", "dtype_node", "cast", "cast_node", "peft_node", "use_cache_true",
+                  "is_decoder"):
+            if getattr(info, f) is None and getattr(sub, f) is not None:
+                setattr(info, f, getattr(sub, f))
+        info.peft = info.peft or sub.peft
+        info.kbit = info.kbit or sub.kbit
+        info.from_pretrained = info.from_pretrained or sub.from_pretrained
+        info.frozen_any = info.frozen_any or sub.frozen_any
+        info.input_require_grads = info.input_require_grads or sub.input_require_grads
+        for lst in ("frozen_inputs", "checkpointing"):
+            have = {id(x) for x in getattr(info, lst)}
+            getattr(info, lst).extend(x for x in getattr(sub, lst) if id(x) not in have)
+
+    def _scan_model_var(self, info: ModelInfo, var: str, func: Any) -> None:
+        """Method calls and loops on the model variable: casts, checkpointing, freezing, input-grad hooks."""
+        for site in self.col.calls:
+            if func is not None and site.func is not func and site.func is not None:
+                continue
+            f = site.call.func
+            if not isinstance(f, cst.Attribute):
+                continue
+            base = dotted(f.value) or ""
+            if base != var and not base.startswith(var + "."):
+                continue
+            m = f.attr.value
+            if m in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
+                e = kwarg(site.call, "gradient_checkpointing_kwargs") or kwarg(site.call, "activation_checkpointing_kwargs") \
+                    or positional(site.call, 0)
+                kw = None if e is None else self.r.value(e, site.func)
+                if isinstance(kw, dict) and any(v is UNKNOWN for v in kw.values()) and "use_reentrant" not in kw:
+                    kw = UNKNOWN
+                row = self.ctx.span(site.call)[0].row
+                if not any(c.node is site.call for c in info.checkpointing):
+                    info.checkpointing.append(CheckpointCall(site.call, m, kw, e, row))
+            elif m == "enable_input_require_grads":
+                info.input_require_grads = True
+            elif m == "requires_grad_" and base != var:
+                arg = positional(site.call, 0)
+                if arg is not None and literal(arg) is False:
+                    info.frozen_any = True
+                    if "embed" in base.lower():
+                        info.frozen_inputs.append(site.call)
+            elif site.is_expr and m in ("half", "bfloat16", "to") and base == var:
+                cast = "float16" if m == "half" else "bfloat16" if m == "bfloat16" else self._dtype_in_to(site.call, site.func)
+                if cast:
+                    info.cast, info.cast_node = cast, site.call
+        for target, assigns in self.t.assignments.items():
+            if target in (f"{var}.config.use_cache",) and any(literal(a.value) is True for a in assigns):
+                info.use_cache_true = assigns[0].node
+            if target == f"{var}.config.is_decoder" and any(literal(a.value) is True for a in assigns):
+                info.is_decoder = True
+        for loop, lfunc in self.col.fors:
+            text = code_of(loop)
+            if var not in code_of(loop.iter) or not _FREEZE_RE.search(text):
+                continue
+            info.frozen_any = True
+            if "embed" in text.lower():
+                info.frozen_inputs.append(loop)
+
+    # ---- trainers
+    def trainer_from_site(self, site: CallSite, all_args: list[TrainingArgs]) -> Optional[TrainerInfo]:
+        tc = self.trainer_class(site.call.func)
+        if tc is None:
+            return None
+        name, sub = tc
+        ti = TrainerInfo(site.call, site.stmt, site.targets[0] if len(site.targets) == 1 and site.targets[0] else None,
+                         site.func, class_name=name, subclass=sub)
+        if sub is not None:
+            for cls in reversed(self._class_chain(name)):
+                body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+                for stmt in body:
+                    if isinstance(stmt, cst.FunctionDef):
+                        ti.methods[stmt.name.value] = stmt
+                    elif isinstance(stmt, cst.SimpleStatementLine):
+                        for small in stmt.body:
+                            if isinstance(small, cst.Assign) and any(
+                                dotted(t.target) in ("loss_is_scaled_for_ga", "model_accepts_loss_kwargs") for t in small.targets
+                            ):
+                                ti.loss_scaling_override = code_of(small)
+        call = site.call
+        ti.model_expr = kwarg(call, "model") or positional(call, 0)
+        ti.args_expr = kwarg(call, "args") or positional(call, 1)
+        ti.compute_loss_func = kwarg(call, "compute_loss_func")
+        ti.compute_metrics = kwarg(call, "compute_metrics")
+        ti.preprocess_logits_for_metrics = kwarg(call, "preprocess_logits_for_metrics")
+        ti.optimizers = kwarg(call, "optimizers")
+        ti.callbacks = kwarg(call, "callbacks")
+        if ti.model_expr is not None:
+            ti.model = self.model_from_expr(ti.model_expr, site.func)
+        else:
+            mi = kwarg(call, "model_init")
+            fname = dotted(mi) if mi is not None else None
+            if fname and fname in self.t.functions:
+                fdef = self.t.functions[fname][0]
+                ret = _single_return(fdef)
+                if ret is not None:
+                    ti.model = self.model_from_expr(ret, fdef)
+        ti.args = self._args_for(ti.args_expr, site.func, all_args)
+        return ti
+
+    def _args_for(self, expr, func, all_args: list[TrainingArgs]) -> Optional[TrainingArgs]:
+        if expr is None:
+            return None
+        if isinstance(expr, cst.Call):
+            for a in all_args:
+                if a.node is expr:
+                    return a
+            return None
+        d = dotted(expr)
+        if not d:
+            return None
+        cands = [a for a in all_args if a.var == d]
+        local = [a for a in cands if a.func is func]
+        if local:
+            cands = local
+        elif func is not None:
+            cands = [a for a in cands if a.func is None] or cands
+        if len(cands) == 1:
+            return cands[0]
+        if len(cands) > 1:  # several constructions (if/else): keep what they agree on
+            merged = TrainingArgs(cands[0].node, d, func, cands[0].class_name)
+            keys = set().union(*(c.explicit for c in cands))
+            for k in keys:
+                vals = [c.get(k) for c in cands]
+                if all(v is not UNKNOWN and v == vals[0] for v in vals):
+                    merged.explicit[k] = Setting(vals[0], cands[0].origin(k), cands[0].keyword_node(k))
+                else:
+                    merged.explicit[k] = Setting(UNKNOWN, "differs between constructions", None)
+            merged.open_ended = any(c.open_ended for c in cands)
+            merged.runtime_cli = any(c.runtime_cli for c in cands)
+            return merged
+        return None
+
+    def disables_loss_kwargs(self) -> Optional[str]:
+        for target, assigns in self.t.assignments.items():
+            last = target.split(".")[-1]
+            if last in ("model_accepts_loss_kwargs", "loss_is_scaled_for_ga"):
+                return f"{target} = {code_of(assigns[0].value)}"
+        for site in self.col.calls:
+            if (call_name(site.call) or "") == "setattr":
+                a1 = literal(positional(site.call, 1))
+                if a1 in ("model_accepts_loss_kwargs", "loss_is_scaled_for_ga"):
+                    return code_of(site.call)
+        return None
+
+    def build(self) -> FileSetup:
+        fs = FileSetup()
+        args_list: list[TrainingArgs] = []
+        for site in self.col.calls:
+            if self.is_args_class(site.call.func):
+                args_list.append(self.args_from_call(site))
+        args_list.extend(self.hf_parser_args())
+        for a in args_list:
+            self.apply_attribute_assignments(a)
+        fs.training_args = args_list
+        for site in self.col.calls:
+            ti = self.trainer_from_site(site, args_list)
+            if ti is not None:
+                fs.trainers.append(ti)
+        fs.disables_loss_kwargs = self.disables_loss_kwargs()
+        for ti in fs.trainers:
+            if ti.model is not None:
+                fs.models.append(ti.model)
+        return fs
+
+
+def _single_return(fdef: cst.FunctionDef) -> Optional[cst.BaseExpression]:
+    rets: list = []
+
+    class V(cst.CSTVisitor):
+        def visit_Return(self, node):
+            if node.value is not None:
+                rets.append(node.value)
+
+        def visit_FunctionDef(self, node):
+            return node is fdef
+
+    fdef.visit(V())
+    return rets[0] if len(rets) == 1 else None
+
+
+def build(ctx) -> FileSetup:
+    """``ctx.setup``. Never raises: bad input yields an empty set-up."""
+    try:
+        return _Builder(ctx).build()
+    except RecursionError:
+        return FileSetup()
