@@ -1,3 +1,5 @@
+"""``python -m bertlint`` = the ``bertlint`` command."""
+
 import sys
 
 from bertlint.cli import main

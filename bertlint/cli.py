@@ -1,29 +1,623 @@
-"""Command line. Minimal first version; the core issue completes it."""
+"""Command line (ruff's habits): ``bertlint [OPTIONS] PATH...``, ``bertlint rule CODE``, ``bertlint rules``,
+and the lazily imported subcommands ``explain``, ``memory`` and ``lsp``.
+
+The option parser is hand-written: ``bertlint FILE`` must start fast (no argparse, no pkg_resources), and the
+error messages are ours. Exit codes: 0 nothing reported, 1 findings, 2 usage or configuration error.
+"""
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
+import re
 import sys
-from pathlib import Path
+from typing import Optional
 
-from bertlint import __version__
-from bertlint.engine import lint_python
+USAGE = """\
+usage: bertlint [OPTIONS] [PATH ...]
+       bertlint rule CODE            print a rule's page
+       bertlint rules                list the rules (code, name, severity, fix)
+       bertlint explain ...          explain a finding (see `bertlint explain --help`)
+       bertlint memory ...           simulate a training step's memory (see `bertlint memory --help`)
+       bertlint lsp                  language server over stdio
+       bertlint --verify SCRIPT [--verify-steps N] [--verify-timeout S] [--report DIR] [-- SCRIPT ARGS ...]
+"""
+
+HELP = (
+    USAGE
+    + """
+Lint transformer training scripts (.py, .ipynb) and DeepSpeed / accelerate configuration files (.json, .yaml)
+for gradient-accumulation, mixed-precision, checkpointing and memory mistakes.
+
+PATH: files or folders (recursive); `-` reads standard input (name it with --stdin-filename). Default: `.`.
+
+options:
+  --select CODES          enable only these codes or prefixes (comma-separated: BL101,BL2; ALL)
+  --extend-select CODES   enable these in addition to the configured selection
+  --ignore CODES          disable these codes or prefixes
+  --output-format FORMAT  full (default), concise, json, json-lines, sarif, github, junit
+  --statistics            print the number of findings per code instead of the findings
+  --exit-zero             exit 0 even when there are findings
+  --fix                   apply safe fixes (and unsafe ones with --unsafe-fixes), writing the files
+  --unsafe-fixes          also apply (with --fix / --diff) fixes that may change behaviour
+  --diff                  print the fixes as a unified diff; write nothing (exit 1 when there is a diff)
+  --stdin-filename NAME   the name of the file read from `-` (picks the reader and the configuration)
+  --config FILE           use this pyproject.toml / bertlint.toml instead of the nearest one
+  --isolated              ignore every configuration file
+  --exclude PATTERNS      extra glob patterns to skip while walking folders (comma-separated)
+  -j, --jobs N            worker processes for many files (default: CPU count; 1 = no processes)
+  -q, --quiet             no summary line
+  --verify                run the script (one path) with runtime checks that confirm or refute the findings
+  --verify-steps N        optimizer steps to run under --verify
+  --verify-timeout S      seconds before the verified script is stopped (default 300)
+  --report DIR            with --verify: write report.json and plots to DIR
+  -V, --version           print the version
+  -h, --help              this help
+
+Exit status: 0 nothing reported, 1 findings, 2 usage or configuration error.
+Suppress a finding with `# noqa: BL101` or `# bertlint: ignore[BL101]` on the reported line (or the first line of
+its statement); configure with [tool.bertlint] in pyproject.toml (select, ignore, extend-select, per-file-ignores,
+exclude, target-versions, world-size).
+"""
+)
+
+FORMATS = ("full", "concise", "json", "json-lines", "sarif", "github", "junit")  # = reporters.FORMATS
+
+# Files at or above this count are linted in worker processes (one file never pays process start-up).
+PARALLEL_MIN_FILES = 16
+
+_CODE = re.compile(r"^(ALL|BL[0-9]{0,3})$")
+_SUBCOMMANDS = {
+    "explain": ("bertlint.explain", "main", "explain"),
+    "memory": ("bertlint.memory.cli", "main", "the memory simulator"),
+    "lsp": ("bertlint.lsp", "main", "the language server"),
+}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bertlint")
-    p.add_argument("paths", nargs="*")
-    p.add_argument("--output-format", default="full")
-    p.add_argument("--version", action="version", version=f"bertlint {__version__}")
-    a = p.parse_args(argv)
-    diags = []
-    for path in a.paths:
-        text = Path(path).read_text()
-        diags += lint_python(text, path)
-    if a.output_format == "json":
-        print(json.dumps([d.to_json() for d in diags], indent=2))
+class UsageError(Exception):
+    pass
+
+
+class Options:
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.select: Optional[list[str]] = None
+        self.extend_select: list[str] = []
+        self.ignore: list[str] = []
+        self.output_format = "full"
+        self.statistics = False
+        self.exit_zero = False
+        self.fix = False
+        self.unsafe_fixes = False
+        self.diff = False
+        self.stdin_filename: Optional[str] = None
+        self.config: Optional[str] = None
+        self.isolated = False
+        self.exclude: list[str] = []
+        self.jobs: Optional[int] = None
+        self.quiet = False
+        self.verify = False
+        self.verify_steps: Optional[int] = None
+        self.verify_timeout = 300.0
+        self.report_dir: Optional[str] = None
+        self.script_args: list[str] = []
+
+
+_FLAGS = {
+    "--statistics": "statistics",
+    "--exit-zero": "exit_zero",
+    "--fix": "fix",
+    "--unsafe-fixes": "unsafe_fixes",
+    "--diff": "diff",
+    "--isolated": "isolated",
+    "--quiet": "quiet",
+    "-q": "quiet",
+    "--verify": "verify",
+}
+_VALUED = {
+    "--select",
+    "--extend-select",
+    "--ignore",
+    "--output-format",
+    "--stdin-filename",
+    "--config",
+    "--exclude",
+    "--jobs",
+    "-j",
+    "--verify-steps",
+    "--verify-timeout",
+    "--report",
+}
+
+
+def _codes(opt: str, value: str) -> list[str]:
+    out = []
+    for c in value.split(","):
+        c = c.strip().upper()
+        if not c:
+            continue
+        if not _CODE.match(c):
+            raise UsageError(f"{opt}: {c!r} is not a rule code or prefix (expected ALL, BL, BL1, BL10, BL101 ...)")
+        out.append(c)
+    return out
+
+
+def parse_args(argv: list[str]) -> Options:
+    o = Options()
+    i = 0
+    n = len(argv)
+    while i < n:
+        a = argv[i]
+        i += 1
+        if a == "--":
+            rest = argv[i:]
+            if o.verify:
+                o.script_args = rest
+            else:
+                o.paths.extend(rest)
+            break
+        if a in ("-h", "--help"):
+            raise _Help()
+        if a in ("-V", "--version"):
+            raise _Version()
+        if a in _FLAGS:
+            setattr(o, _FLAGS[a], True)
+            continue
+        if a == "--no-fix":
+            o.fix = False
+            continue
+        name, eq, value = a.partition("=")
+        if name in _VALUED:
+            if not eq:
+                if i >= n:
+                    raise UsageError(f"{name} needs a value")
+                value = argv[i]
+                i += 1
+            if name == "--select":
+                o.select = [*(o.select or []), *_codes(name, value)]
+            elif name == "--extend-select":
+                o.extend_select += _codes(name, value)
+            elif name == "--ignore":
+                o.ignore += _codes(name, value)
+            elif name == "--output-format":
+                if value not in FORMATS:
+                    raise UsageError(f"--output-format: unknown format {value!r}; choose one of {', '.join(FORMATS)}")
+                o.output_format = value
+            elif name == "--stdin-filename":
+                o.stdin_filename = value
+            elif name == "--config":
+                o.config = value
+            elif name == "--exclude":
+                o.exclude += [p.strip() for p in value.split(",") if p.strip()]
+            elif name in ("--jobs", "-j"):
+                o.jobs = _int(name, value, 1)
+            elif name == "--verify-steps":
+                o.verify_steps = _int(name, value, 1)
+            elif name == "--verify-timeout":
+                try:
+                    o.verify_timeout = float(value)
+                except ValueError:
+                    raise UsageError(f"--verify-timeout: expected seconds, got {value!r}") from None
+                if o.verify_timeout <= 0:
+                    raise UsageError("--verify-timeout must be > 0")
+            elif name == "--report":
+                o.report_dir = value
+            continue
+        if a.startswith("-") and a != "-":
+            raise UsageError(f"unknown option {a!r}")
+        o.paths.append(a)
+    if (o.verify_steps is not None or o.report_dir is not None) and not o.verify:
+        raise UsageError("--verify-steps, --verify-timeout and --report need --verify")
+    if o.verify:
+        if len(o.paths) != 1 or o.paths[0] == "-":
+            raise UsageError("--verify takes exactly one script path (script arguments go after `--`)")
+        if o.fix or o.diff:
+            raise UsageError("--verify cannot be combined with --fix or --diff")
+    return o
+
+
+def _int(name: str, value: str, minimum: int) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise UsageError(f"{name}: expected an integer, got {value!r}") from None
+    if v < minimum:
+        raise UsageError(f"{name} must be >= {minimum}")
+    return v
+
+
+class _Help(Exception):
+    pass
+
+
+class _Version(Exception):
+    pass
+
+
+def _err(msg: str) -> int:
+    sys.stderr.write(f"bertlint: error: {msg}\n")
+    return 2
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
+        return _main(list(argv))
+    except KeyboardInterrupt:
+        sys.stderr.write("bertlint: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    if argv:
+        head = argv[0]
+        if head in _SUBCOMMANDS:
+            return _dispatch(head, argv[1:])
+        if head == "rule":
+            return _rule_cmd(argv[1:])
+        if head == "rules":
+            return _rules_cmd(argv[1:])
+        if head == "check":
+            argv = argv[1:]
+    try:
+        o = parse_args(argv)
+    except _Help:
+        sys.stdout.write(HELP)
+        return 0
+    except _Version:
+        from bertlint import __version__
+
+        sys.stdout.write(f"bertlint {__version__}\n")
+        return 0
+    except UsageError as e:
+        sys.stderr.write(f"bertlint: error: {e}\n{USAGE}Try 'bertlint --help' for more.\n")
+        return 2
+    from bertlint.config import ConfigError
+
+    try:
+        return run(o)
+    except ConfigError as e:
+        return _err(str(e))
+
+
+def _dispatch(name: str, argv: list[str]) -> int:
+    import importlib
+
+    modname, fn, what = _SUBCOMMANDS[name]
+    try:
+        mod = importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing == modname or modname.startswith(missing + ".") or missing.startswith("bertlint"):
+            return _err(f"`bertlint {name}`: {what} is not part of this installation ({modname} is missing)")
+        extra = "lsp" if name == "lsp" else "verify"
+        return _err(f"`bertlint {name}` needs {missing}: pip install 'bertlint[{extra}]'")
+    rc = getattr(mod, fn)(argv)
+    return int(rc or 0)
+
+
+# ------------------------------------------------------------------------------------------ rule / rules
+
+
+def rule_page(code: str) -> Optional[str]:
+    """The text of ``rules/CODE.md``: from the installed package data, else the source checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "pages"), os.path.join(os.path.dirname(here), "rules")):
+        p = os.path.join(d, f"{code}.md")
+        if os.path.isfile(p):
+            with open(p, encoding="utf-8") as f:
+                return f.read()
+    return None
+
+
+def _rule_meta(code: str):
+    from bertlint.registry import ENGINE_CODES, get
+
+    if code in ENGINE_CODES:
+        return ENGINE_CODES[code]
+    r = get(code)
+    return r.meta if r else None
+
+
+def _meta_json(m) -> dict:
+    return {
+        "code": m.code,
+        "name": m.name,
+        "severity": m.severity.value,
+        "summary": m.summary,
+        "fix": m.fix.value if m.fix else None,
+        "default_enabled": m.default_enabled,
+        "targets": list(m.targets),
+        "url": m.url,
+    }
+
+
+def _rule_cmd(argv: list[str]) -> int:
+    fmt = "text"
+    codes = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            sys.stdout.write("usage: bertlint rule CODE [--output-format text|json]\n")
+            return 0
+        if a.startswith("--output-format"):
+            _, eq, v = a.partition("=")
+            if not eq:
+                i += 1
+                v = argv[i] if i < len(argv) else ""
+            if v not in ("text", "json", "full"):
+                return _err(f"bertlint rule: --output-format must be text or json, got {v!r}")
+            fmt = "json" if v == "json" else "text"
+        elif a.startswith("-"):
+            return _err(f"bertlint rule: unknown option {a!r}")
+        else:
+            codes.append(a.upper())
+        i += 1
+    if len(codes) != 1:
+        return _err("usage: bertlint rule CODE (for example: bertlint rule BL101)")
+    code = codes[0]
+    meta = _rule_meta(code)
+    page = rule_page(code)
+    if meta is None and page is None:
+        return _err(f"unknown rule code {code!r}; `bertlint rules` lists them")
+    if fmt == "json":
+        import json
+
+        d = _meta_json(meta) if meta else {"code": code}
+        d["explanation"] = page
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+        return 0
+    if page is None:
+        sys.stdout.write(
+            f"# {meta.code} {meta.name}\n\n{meta.summary}\n\nSeverity: {meta.severity.label}. "
+            f"Fix: {meta.fix.value if meta.fix else 'none'}.\n"
+        )
     else:
-        for d in diags:
-            print(f"{d.filename}:{d.start.row}:{d.start.column}: {d.code} {d.message}")
+        sys.stdout.write(page if page.endswith("\n") else page + "\n")
+    return 0
+
+
+def _rules_cmd(argv: list[str]) -> int:
+    from bertlint.registry import ENGINE_CODES, all_rules
+
+    fmt = "text"
+    for i, a in enumerate(argv):
+        if a in ("-h", "--help"):
+            sys.stdout.write("usage: bertlint rules [--output-format text|json]\n")
+            return 0
+        if a == "--output-format=json" or (a == "--output-format" and argv[i + 1 : i + 2] == ["json"]):
+            fmt = "json"
+        elif a.startswith("-") and a not in ("--output-format", "--output-format=text"):
+            return _err(f"bertlint rules: unknown option {a!r}")
+    metas = [ENGINE_CODES[c] for c in sorted(ENGINE_CODES)] + [r.meta for r in all_rules()]
+    if fmt == "json":
+        import json
+
+        sys.stdout.write(json.dumps([_meta_json(m) for m in metas], indent=2) + "\n")
+        return 0
+    width = max((len(m.name) for m in metas), default=4)
+    lines = [f"{'code':<6} {'name':<{width}} sev  fix     default  summary"]
+    for m in metas:
+        fix = m.fix.value if m.fix else "-"
+        lines.append(
+            f"{m.code:<6} {m.name:<{width}} {m.severity.value:<4} {fix:<7} {'on' if m.default_enabled else 'off':<8} {m.summary}"
+        )
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ linting
+
+
+def _color(stream) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    try:
+        return stream.isatty()
+    except Exception:
+        return False
+
+
+def _settings_for(o: Options, path: str, cache: dict):
+    from bertlint.config import Settings, load_settings, read_config_file
+
+    if o.isolated:
+        key = "<isolated>"
+    elif o.config:
+        key = os.path.abspath(o.config)
+    else:
+        key = None
+    if key is None:
+        base = load_settings(path)
+        key = base.config_path or "<default>"
+    else:
+        base = None
+    if key not in cache:
+        if base is None:
+            if o.isolated:
+                base = Settings()
+            else:
+                if not os.path.isfile(o.config):  # type: ignore[arg-type]
+                    from bertlint.config import ConfigError
+
+                    raise ConfigError(f"{o.config}: configuration file not found")
+                base = read_config_file(o.config) or Settings(config_path=os.path.abspath(o.config))  # type: ignore[arg-type]
+        s = base.with_cli(o.select, o.ignore, o.extend_select)
+        if o.exclude:
+            s.exclude = [*s.exclude, *o.exclude]
+        cache[key] = s
+    return cache[key]
+
+
+def _work(task):
+    from bertlint.api import check_file
+
+    path, settings, fix, unsafe, write = task
+    return check_file(path, settings, fix=fix, unsafe=unsafe, write=write)
+
+
+def run(o: Options) -> int:
+    from bertlint.api import FileResult, check_file
+
+    paths = o.paths or ["."]
+    for p in paths:
+        if p != "-" and not os.path.exists(p):
+            return _err(f"{p}: no such file or directory")
+    if paths.count("-") > 1:
+        return _err("`-` (standard input) can be given only once")
+    cache: dict = {}
+    fixing = o.fix or o.diff
+    write = o.fix and not o.diff
+    results: list[FileResult] = []
+
+    # discovery (settings are resolved here, in this process, so config errors surface before any work)
+    from bertlint.sources import discover
+
+    def excluded(path: str) -> bool:
+        return _settings_for(o, path, cache).is_excluded(path)
+
+    tasks = []
+    stdin_task = None
+    for path, explicit in discover([p for p in paths], excluded):
+        if path == "-":
+            name = o.stdin_filename or "-"
+            stdin_task = (name, _settings_for(o, o.stdin_filename or os.path.join(os.getcwd(), "stdin.py"), cache))
+            tasks.append(None)
+            continue
+        tasks.append((path, _settings_for(o, path, cache), fixing, o.unsafe_fixes, write))
+
+    file_tasks = [t for t in tasks if t is not None]
+    jobs = o.jobs if o.jobs is not None else (os.cpu_count() or 1)
+    if len(file_tasks) >= PARALLEL_MIN_FILES and jobs > 1:
+        results.extend(_parallel(file_tasks, jobs))
+    else:
+        results.extend(_work(t) for t in file_tasks)
+    stdin_out: Optional[str] = None
+    if stdin_task is not None:
+        name, settings = stdin_task
+        data = sys.stdin.buffer.read()
+        r = check_file(name, settings, fix=fixing, unsafe=o.unsafe_fixes, write=False, data=data, display_name=name)
+        results.append(r)
+        if o.fix and not o.diff:
+            stdin_out = r.fixed_text if r.fixed_text is not None else (r.source if r.source is not None else data.decode("utf-8", "replace"))
+    return _report(o, results, stdin_out)
+
+
+def _parallel(tasks: list, jobs: int) -> list:
+    from bertlint.registry import all_rules
+
+    all_rules()  # import the rules once, before the workers fork
+    try:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+        chunk = max(1, min(32, len(tasks) // (jobs * 4) or 1))
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as ex:
+            return list(ex.map(_work, tasks, chunksize=chunk))
+    except (OSError, ImportError, PermissionError):  # no processes available (sandbox): lint serially
+        return [_work(t) for t in tasks]
+
+
+def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
+    from bertlint.types import Diagnostic
+
+    out = sys.stdout
+    err = sys.stderr
+    diags: list[Diagnostic] = []
+    sources: dict[str, Optional[str]] = {}
+    fixed = 0
+    diffs = []
+    for r in results:
+        for w in r.warnings:
+            err.write(f"warning: {w}\n")
+        for d, why in r.failed:
+            err.write(f"warning: {r.filename}: failed to apply the fix for {d.code} at {_loc(d)}: {why}\n")
+        diags.extend(r.diagnostics)
+        sources[r.filename] = r.source
+        fixed += len(r.applied)
+        if o.diff and r.fixed_text is not None and r.source is not None:
+            from bertlint.fixes import unified_diff
+
+            diffs.append(unified_diff(r.source, r.fixed_text, r.filename))
+    diags.sort(key=Diagnostic.sort_key)
+
+    if o.verify:
+        res = _verify(o, diags)
+        if isinstance(res, int):
+            return res
+        diags, report_text = res
+    else:
+        report_text = None
+
+    if o.diff:
+        text = "".join(diffs)
+        out.write(text)
+        if not o.quiet:
+            n = sum(len(r.applied) for r in results if r.fixed_text is not None)
+            err.write(f"Would fix {n} problem{'s' if n != 1 else ''}.\n" if n else "No fixes available.\n")
+        return 0 if o.exit_zero or not text else 1
+
+    if stdin_out is not None:
+        out.write(stdin_out)
+        out = err  # the remaining findings go to stderr when the fixed source goes to stdout
+
+    from bertlint import reporters
+
+    color = _color(out) and o.output_format in ("full", "concise")
+    if o.statistics:
+        out.write(reporters.statistics(diags, o.output_format))
+    else:
+        kw = {"sources": sources, "color": color, "unsafe": o.unsafe_fixes}
+        if o.output_format == "sarif":
+            from bertlint.registry import ENGINE_CODES, all_rules
+
+            kw["rules"] = list(ENGINE_CODES.values()) + [r.meta for r in all_rules()]
+        out.write(reporters.render(o.output_format, diags, **kw))
+        if o.output_format in ("full", "concise"):
+            if report_text:
+                out.write(report_text if report_text.endswith("\n") else report_text + "\n")
+            if not o.quiet:
+                out.write(reporters.summary(diags, fixed=fixed, unsafe=o.unsafe_fixes, color=color))
+    out.flush()
+    if o.exit_zero:
+        return 0
     return 1 if diags else 0
+
+
+def _loc(d) -> str:
+    return (f"cell {d.cell}:" if d.cell is not None else "") + f"{d.start.row}:{d.start.column}"
+
+
+def _verify(o: Options, diags: list):
+    try:
+        from bertlint.verify import verify_script
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing.startswith("bertlint"):
+            return _err("--verify: the verifier is not part of this installation (bertlint.verify is missing)")
+        return _err(f"--verify needs {missing}: pip install 'bertlint[verify]'")
+    from bertlint.config import load_settings
+
+    settings = None if o.isolated else load_settings(o.paths[0])
+    result = verify_script(
+        o.paths[0],
+        o.script_args,
+        diags,
+        steps=o.verify_steps,
+        timeout=o.verify_timeout,
+        report_dir=o.report_dir,
+        settings=settings,
+    )
+    from bertlint.types import Diagnostic
+
+    return sorted(result.diagnostics, key=Diagnostic.sort_key), getattr(result, "report_text", None)

@@ -1,12 +1,17 @@
-"""The lint engine: text of one file -> sorted diagnostics. Used by the CLI, the LSP server and the verifier.
+"""The lint engine: text of one file -> sorted diagnostics. Used by ``bertlint.api`` (CLI, LSP, verifier).
 
 Flow: prefilter text -> parse once -> FileContext (shared, lazy analyses) -> enabled rules -> suppression -> sort.
+Notebooks: code cells joined into one module (magics neutralised), diagnostics mapped back to cell and line.
+Configuration files (DeepSpeed / accelerate JSON and YAML): parsed, then the config rules read a ConfigContext.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Optional
+import sys
+from dataclasses import replace
+from typing import Callable, Optional
 
 import libcst as cst
 
@@ -21,56 +26,244 @@ _PREFILTER = re.compile(
 )
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
-_BL_IGNORE = re.compile(r"#\s*bertlint:\s*ignore\[(?P<codes>[^\]]*)\]")
+_BL_IGNORE = re.compile(r"#\s*bertlint:\s*ignore\[(?P<codes>[^\]]*)\]", re.IGNORECASE)
+
+
+def _default_internal_error(code: str, filename: str, exc: BaseException) -> None:
+    if os.environ.get("BERTLINT_DEBUG"):
+        raise exc
+    sys.stderr.write(
+        f"bertlint: internal error in {code} on {filename}: {type(exc).__name__}: {exc} (the rule was skipped; "
+        f"please report it)\n"
+    )
+
+
+# Called when a rule raises: the rule is skipped for this file, the others still run. Tests and the benchmark
+# replace it to count crashes; BERTLINT_DEBUG=1 re-raises.
+on_internal_error: Callable[[str, str, BaseException], None] = _default_internal_error
 
 
 def parse_error(filename: str, message: str, row: int = 1, col: int = 1) -> Diagnostic:
     meta = ENGINE_CODES["BL001"]
-    pos = Position(max(row, 1), max(col, 1))
+    pos = Position(max(int(row), 1), max(int(col), 1))
     return Diagnostic(meta.code, meta.name, meta.severity, message, filename, pos, pos)
+
+
+def parse_python(source: str):
+    """cst.Module, or (message, row, col) for a syntax error (never raises)."""
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as e:
+        return (f"SyntaxError: {e.message}", e.raw_line, e.raw_column + 1)
+    except RecursionError:
+        return ("the file is nested too deeply to parse", 1, 1)
+    except Exception as e:  # libcst's native parser can raise other errors on odd input
+        return (f"cannot parse: {type(e).__name__}: {e}", 1, 1)
+
+
+def _run_rules(ctx, target: str, settings: Settings) -> None:
+    for r in all_rules():
+        if target not in r.meta.targets or not settings.is_enabled(r.meta.code, r.meta.default_enabled):
+            continue
+        ctx.current = r.meta
+        try:
+            r.check(ctx)
+        except Exception as e:  # a rule bug must not take the file (or the run) down
+            on_internal_error(r.meta.code, ctx.filename, e)
+    ctx.current = None
 
 
 def lint_python(source: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
     settings = settings or Settings()
     if not _PREFILTER.search(source):
         return []
-    try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as e:
-        return [parse_error(filename, f"SyntaxError: {e.message}", e.raw_line, e.raw_column + 1)]
+    module = parse_python(source)
+    if isinstance(module, tuple):
+        if not settings.is_enabled("BL001"):
+            return []
+        return [parse_error(filename, *module)]
     ctx = FileContext(filename, source, module, settings)
-    for r in all_rules():
-        if "python" not in r.meta.targets or not settings.is_enabled(r.meta.code, r.meta.default_enabled):
-            continue
-        ctx.current = r.meta
-        r.check(ctx)
-    ctx.current = None
-    diags = [d for d in ctx.diagnostics if not is_suppressed(d, ctx.lines)]
+    _run_rules(ctx, "python", settings)
+    diags = ctx.diagnostics
+    if diags:
+        diags = filter_suppressed(diags, source)
     return sorted(diags, key=Diagnostic.sort_key)
 
 
-def is_suppressed(d: Diagnostic, lines: list[str]) -> bool:
-    rows = {d.start.row}
-    first = d.data.get("statement_row")
-    if isinstance(first, int):
-        rows.add(first)
-    for row in rows:
-        if not 1 <= row <= len(lines):
-            continue
-        text = lines[row - 1]
-        if "#" not in text:
-            continue
-        m = _BL_IGNORE.search(text)
-        if m and _codes_match(d.code, m.group("codes")):
+# ------------------------------------------------------------------------------------------- suppression
+
+
+class _Comments:
+    """Per-row comment text and the first row of each row's logical line (computed only when a file has
+    diagnostics)."""
+
+    def __init__(self, source: str) -> None:
+        self.comments: dict[int, str] = {}
+        self.first: dict[int, int] = {}
+        try:
+            self._tokenize(source)
+        except Exception:  # tokenize disagrees with libcst (new syntax): fall back to plain text
+            self.comments = {}
+            self.first = {}
+            for i, line in enumerate(source.splitlines(), start=1):
+                if "#" in line:
+                    self.comments[i] = line[line.index("#") :]
+
+    def _tokenize(self, source: str) -> None:
+        import io
+        import tokenize
+
+        start: Optional[int] = None
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            t = tok.type
+            if t == tokenize.COMMENT:
+                self.comments[tok.start[0]] = self.comments.get(tok.start[0], "") + tok.string
+                continue
+            if t in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+                continue
+            if start is None:
+                start = tok.start[0]
+            if t == tokenize.NEWLINE:
+                for r in range(start, tok.end[0] + 1):
+                    self.first[r] = start
+                start = None
+
+    def suppressed(self, d: Diagnostic) -> bool:
+        rows = {d.start.row, self.first.get(d.start.row, d.start.row)}
+        first = d.data.get("statement_row") if d.data else None
+        if isinstance(first, int):
+            rows.add(first)
+        return any(_comment_suppresses(self.comments.get(r), d.code) for r in rows)
+
+
+def _comment_suppresses(text: Optional[str], code: str) -> bool:
+    if not text:
+        return False
+    m = _BL_IGNORE.search(text)
+    if m and _codes_match(code, m.group("codes")):
+        return True
+    m = _NOQA.search(text)
+    if m:
+        if not m.group("codes"):
             return True
-        m = _NOQA.search(text)
-        if m:
-            if not m.group("codes"):
-                return True
-            if _codes_match(d.code, m.group("codes")):
-                return True
+        if _codes_match(code, m.group("codes")):
+            return True
     return False
 
 
+def filter_suppressed(diags: list[Diagnostic], source: str) -> list[Diagnostic]:
+    if "#" not in source:
+        return diags
+    c = _Comments(source)
+    return [d for d in diags if not c.suppressed(d)]
+
+
+def is_suppressed(d: Diagnostic, lines: list[str]) -> bool:
+    """Line-based check (kept for callers that hold lines only)."""
+    return _Comments("".join(lines)).suppressed(d)
+
+
 def _codes_match(code: str, codes: str) -> bool:
-    return any(code.startswith(c.strip()) for c in re.split(r"[\s,]+", codes) if c.strip())
+    return any(code.startswith(c.strip().upper()) for c in re.split(r"[\s,]+", codes) if c.strip())
+
+
+# --------------------------------------------------------------------------------------------- notebooks
+
+
+def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
+    from bertlint.sources import DecodeError, join_cells, read_notebook
+
+    settings = settings or Settings()
+    try:
+        nb = read_notebook(text)
+    except DecodeError as e:
+        return [parse_error(filename, e.message, e.row, e.column)] if settings.is_enabled("BL001") else []
+    if not _PREFILTER.search(nb.source):
+        return []
+    errors: list[Diagnostic] = []
+    blank: set[int] = set()
+    module = None
+    for _ in range(len(nb.cells) + 1):
+        module = parse_python(nb.source)
+        if not isinstance(module, tuple):
+            break
+        msg, row, col = module
+        cell, crow = nb.map_row(row)
+        if cell in blank or cell < 1:
+            module = None
+            break
+        blank.add(cell)
+        errors.append(replace(parse_error(filename, msg, crow, col), cell=cell))
+        nb = join_cells(nb.cells, nb.cell_index, nb.nb, frozenset(blank))
+    if not settings.is_enabled("BL001"):
+        errors = []
+    if module is None or isinstance(module, tuple):
+        return sorted(errors, key=Diagnostic.sort_key)
+    ctx = FileContext(filename, nb.source, module, settings)
+    ctx.notebook = nb  # type: ignore[attr-defined]
+    _run_rules(ctx, "python", settings)
+    diags = filter_suppressed(ctx.diagnostics, nb.source) if ctx.diagnostics else []
+    out = [m for m in (map_to_cell(d, nb) for d in diags) if m is not None]
+    return sorted(out + errors, key=Diagnostic.sort_key)
+
+
+def map_to_cell(d: Diagnostic, nb) -> Optional[Diagnostic]:
+    """Combined-module positions -> cell-relative positions (the fix is kept only if it stays in the cell)."""
+    cell, row = nb.map_row(d.start.row)
+    start = Position(row, d.start.column)
+    end = _map_pos(d.end, cell, nb) or Position(row, d.start.column)
+    fix = d.fix
+    if fix is not None:
+        edits = []
+        for e in fix.edits:
+            s, t = _map_pos(e.start, cell, nb), _map_pos(e.end, cell, nb)
+            if s is None or t is None:
+                fix = None
+                break
+            edits.append(replace(e, start=s, end=t))
+        else:
+            fix = replace(fix, edits=tuple(edits))
+    return replace(d, start=start, end=end, cell=cell, fix=fix)
+
+
+def _map_pos(p: Position, cell: int, nb) -> Optional[Position]:
+    if 1 <= p.row <= len(nb.rows):
+        c, r = nb.rows[p.row - 1]
+        if c == cell:
+            return Position(r, p.column)
+    # the end of a cell's last line: (last row + 1, column 1)
+    if p.column == 1 and 2 <= p.row <= len(nb.rows) + 1:
+        c, r = nb.rows[p.row - 2]
+        if c == cell:
+            return Position(r + 1, 1)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ config files
+
+
+def lint_config(text: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
+    from bertlint.context import ConfigContext
+    from bertlint.sources import DecodeError, parse_config_text
+
+    settings = settings or Settings()
+    try:
+        data, fmt = parse_config_text(text, filename)
+    except DecodeError as e:
+        return [parse_error(filename, e.message, e.row, e.column)] if settings.is_enabled("BL001") else []
+    ctx = ConfigContext(filename, text, data, settings, fmt)
+    _run_rules(ctx, "config", settings)
+    diags = ctx.diagnostics
+    if diags and fmt == "yaml" and "#" in text:
+        lines = text.splitlines()
+        diags = [
+            d
+            for d in diags
+            if not (1 <= d.start.row <= len(lines) and _comment_suppresses(_yaml_comment(lines[d.start.row - 1]), d.code))
+        ]
+    return sorted(diags, key=Diagnostic.sort_key)
+
+
+def _yaml_comment(line: str) -> Optional[str]:
+    i = line.find(" #") if not line.lstrip().startswith("#") else line.find("#")
+    return line[i:] if i >= 0 else None

@@ -1,0 +1,157 @@
+"""Library entry points, shared by the CLI, the LSP server and the verifier (as Fixit's api.py).
+
+    lint_text(text, filename, settings=None) -> list[Diagnostic]   # by suffix: .py, .ipynb, .json/.yaml/.yml
+    lint_path(path, settings=None) -> list[Diagnostic]             # reads the file; settings from the nearest config
+    load_settings(path) -> Settings
+    apply_fixes(text, diagnostics, *, unsafe=False) -> FixResult   # .text, .applied, .failed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from bertlint.config import ConfigError, Settings, load_settings
+from bertlint.types import Diagnostic
+
+__all__ = [
+    "ConfigError",
+    "FileResult",
+    "Settings",
+    "apply_fixes",
+    "check_file",
+    "fix_text",
+    "lint_path",
+    "lint_text",
+    "load_settings",
+    "read_source",
+]
+
+
+def lint_text(text: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
+    """Diagnostics for the contents ``text`` of ``filename`` (the name picks the reader and is reported)."""
+    from bertlint import engine
+    from bertlint.sources import kind_of
+
+    settings = (settings or Settings()).for_file(filename)
+    k = kind_of(filename)
+    if k == "notebook":
+        return engine.lint_notebook(text, filename, settings)
+    if k == "config":
+        return engine.lint_config(text, filename, settings)
+    return engine.lint_python(text, filename, settings)
+
+
+def read_source(path: str, data: Optional[bytes] = None):
+    """(text, encoding) of a file; raises ``sources.BinaryFile``, ``sources.DecodeError`` or ``OSError``."""
+    from bertlint.sources import decode, kind_of
+
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read()
+    return decode(data, python=kind_of(path) in ("python", "other"))
+
+
+def lint_path(path: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
+    """Diagnostics for the file at ``path``; unreadable or undecodable files give a BL001 diagnostic, binary
+    files give none."""
+    if settings is None:
+        settings = load_settings(path)
+    return check_file(path, settings).diagnostics
+
+
+def apply_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = False):
+    """Apply the diagnostics' fixes to ``text`` (notebook JSON when the diagnostics carry cells)."""
+    from bertlint import fixes
+
+    if any(d.cell is not None for d in diagnostics):
+        return fixes.apply_notebook_fixes(text, diagnostics, unsafe=unsafe)
+    return fixes.apply_fixes(text, diagnostics, unsafe=unsafe)
+
+
+def fix_text(text: str, filename: str, settings: Optional[Settings] = None, *, unsafe: bool = False, rounds: int = 10):
+    """Fix until nothing more applies. Returns (new_text, applied, failed, remaining diagnostics)."""
+    from bertlint import fixes
+    from bertlint.sources import kind_of
+
+    nb = kind_of(filename) == "notebook"
+    applied: list[Diagnostic] = []
+    failed: list[tuple[Diagnostic, str]] = []
+    seen: set = set()
+    diags = lint_text(text, filename, settings)
+    for _ in range(rounds):
+        if not any(fixes.wanted(d, unsafe) for d in diags):
+            break
+        r = fixes.apply_notebook_fixes(text, diags, unsafe=unsafe) if nb else fixes.apply_fixes(text, diags, unsafe=unsafe)
+        for d, why in r.failed:
+            key = (d.code, d.cell, d.start, d.message)
+            if key not in seen:
+                seen.add(key)
+                failed.append((d, why))
+        if not r.applied:
+            break
+        applied.extend(r.applied)
+        text = r.text
+        diags = lint_text(text, filename, settings)
+    return text, applied, failed, diags
+
+
+@dataclass
+class FileResult:
+    filename: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    source: Optional[str] = None  # the text linted (for the reporters' source lines)
+    fixed_text: Optional[str] = None  # with --fix/--diff: the text after fixing (None: unchanged)
+    applied: list[Diagnostic] = field(default_factory=list)
+    failed: list[tuple[Diagnostic, str]] = field(default_factory=list)
+    encoding: str = "utf-8"
+
+
+def check_file(
+    path: str,
+    settings: Settings,
+    *,
+    fix: bool = False,
+    unsafe: bool = False,
+    write: bool = False,
+    data: Optional[bytes] = None,
+    display_name: Optional[str] = None,
+) -> FileResult:
+    """Read, lint and (with ``fix``) fix one file. ``write`` writes the fixed file atomically."""
+    from bertlint import engine
+    from bertlint.sources import BinaryFile, DecodeError
+
+    name = display_name or path
+    res = FileResult(name)
+    try:
+        text, enc = read_source(path, data)
+    except BinaryFile:
+        res.warnings.append(f"{name}: skipped: binary file")
+        return res
+    except DecodeError as e:
+        if settings.is_enabled("BL001"):
+            res.diagnostics = [engine.parse_error(name, e.message, e.row, e.column)]
+        return res
+    except OSError as e:
+        if settings.is_enabled("BL001"):
+            res.diagnostics = [engine.parse_error(name, f"cannot read the file: {e.strerror or e}")]
+        return res
+    res.source = text
+    res.encoding = enc
+    if not fix:
+        res.diagnostics = lint_text(text, name, settings)
+        return res
+    new, applied, failed, remaining = fix_text(text, name, settings, unsafe=unsafe)
+    res.diagnostics = remaining
+    res.applied = applied
+    res.failed = failed
+    if new != text:
+        res.fixed_text = new
+        if write:
+            from bertlint.fixes import atomic_write
+            from bertlint.sources import encode
+
+            atomic_write(path, encode(new, enc))
+            res.source = new
+    return res

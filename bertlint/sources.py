@@ -1,0 +1,469 @@
+"""Reading inputs: bytes -> text (PEP 263, BOM, binary detection), notebooks (code cells -> one module with a
+row map back to cell and line; IPython magics and ``!shell`` lines neutralised), and file discovery with the
+default excludes and a cheap content check for JSON/YAML configuration files."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+PY_SUFFIXES = (".py", ".pyi")
+NOTEBOOK_SUFFIXES = (".ipynb",)
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+
+DEFAULT_EXCLUDES = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        ".venv",
+        "venv",
+        ".env",
+        "env",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".ipynb_checkpoints",
+        "__pycache__",
+        "__pypackages__",
+        "build",
+        "dist",
+        "node_modules",
+        "site-packages",
+        ".eggs",
+    }
+)
+
+
+def kind_of(filename: str) -> str:
+    """"python" | "notebook" | "config" | "other" by suffix (unknown suffixes are read as Python)."""
+    low = filename.lower()
+    if low.endswith(NOTEBOOK_SUFFIXES):
+        return "notebook"
+    if low.endswith(CONFIG_SUFFIXES):
+        return "config"
+    if low.endswith(PY_SUFFIXES):
+        return "python"
+    return "other"
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+
+
+class DecodeError(Exception):
+    def __init__(self, message: str, row: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.row = row
+        self.column = column
+
+
+class BinaryFile(Exception):
+    pass
+
+
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+_BLANK = re.compile(rb"^[ \t\f]*(?:[#\r\n]|$)")
+
+
+def _declared_encoding(data: bytes) -> Optional[str]:
+    """The PEP 263 encoding declared on line 1 or 2, if any."""
+    lines = data.split(b"\n", 2)
+    for i, line in enumerate(lines[:2]):
+        m = _CODING.match(line)
+        if m:
+            return m.group(1).decode("ascii", "replace")
+        if i == 0 and not _BLANK.match(line):
+            break
+    return None
+
+
+def is_binary(data: bytes) -> bool:
+    return b"\x00" in data[:8192]
+
+
+def decode(data: bytes, python: bool = True) -> tuple[str, str]:
+    """(text, encoding). Raises ``BinaryFile`` or ``DecodeError`` (with the position of the bad byte)."""
+    if is_binary(data):
+        raise BinaryFile()
+    if data.startswith(b"\xef\xbb\xbf"):
+        enc = "utf-8-sig"
+    else:
+        enc = (_declared_encoding(data) if python else None) or "utf-8"
+    import codecs
+
+    try:
+        codecs.lookup(enc)
+    except LookupError:
+        raise DecodeError(f"unknown encoding {enc!r} in the coding line (PEP 263)", 1, 1) from None
+    try:
+        return data.decode(enc), enc
+    except UnicodeDecodeError as e:
+        row = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        bad = data[e.start : e.start + 1].hex()
+        if enc in ("utf-8", "utf-8-sig"):
+            hint = "; add a PEP 263 coding line (# -*- coding: latin-1 -*-) or convert the file to UTF-8"
+        else:
+            hint = f" (declared encoding {enc})"
+        raise DecodeError(f"the file is not valid {enc} text: byte 0x{bad} at line {row}{hint}", row, col) from None
+
+
+def encode(text: str, encoding: str) -> bytes:
+    return text.encode(encoding)
+
+
+# ----------------------------------------------------------------------------------------------- notebooks
+
+
+@dataclass
+class NotebookSource:
+    """Code cells joined into one module. ``rows[i]`` = (cell number (1-based, code cells only), row in cell)
+    for combined row i + 1."""
+
+    source: str
+    rows: list[tuple[int, int]]
+    cells: list[list[str]]  # original lines (with ends) of each code cell
+    cell_index: list[int]  # position of each code cell in nb["cells"]
+    nb: dict = field(default_factory=dict)
+    blanked: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # cell -> syntax error (row, col, msg)
+
+    def map_row(self, row: int) -> tuple[int, int]:
+        if 1 <= row <= len(self.rows):
+            return self.rows[row - 1]
+        if self.rows:
+            cell, r = self.rows[-1]
+            return cell, r + (row - len(self.rows))
+        return 1, row
+
+    def cell_start(self, cell: int) -> int:
+        """Combined row of the first line of ``cell``."""
+        for i, (c, r) in enumerate(self.rows):
+            if c == cell:
+                return i + 1
+        return len(self.rows) + 1
+
+
+# Cell magics whose body is Python; any other %% magic (bash, html, writefile ...) makes the cell non-Python.
+_PY_CELL_MAGICS = {"time", "timeit", "capture", "prun", "debug", "pypy", "python", "python3", "memit", "mprun"}
+_LINE_MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?P<lhs>[A-Za-z_][\w, \t]*=[ \t]*)?(?:[!%]|\?\??[A-Za-z_]|[A-Za-z_][\w.]*\?\??[ \t]*$)")
+
+
+def _neutralise(line: str) -> str:
+    """A magic / shell / help line becomes ``pass`` (or ``x = None``) with the same indentation."""
+    body = line.rstrip("\r\n")
+    end = line[len(body) :]
+    m = _LINE_MAGIC.match(body)
+    if not m:
+        return line
+    indent = m.group("indent")
+    lhs = m.group("lhs")
+    if lhs:
+        return f"{indent}{lhs.strip()} None{end}"
+    return f"{indent}pass{end}"
+
+
+def cell_to_python(lines: list[str]) -> list[str]:
+    """The cell's lines with IPython syntax neutralised (same number of lines)."""
+    if not lines:
+        return []
+    first = lines[0].strip()
+    if first.startswith("%%"):
+        name = first[2:].split(None, 1)[0] if len(first) > 2 else ""
+        if name not in _PY_CELL_MAGICS:
+            return ["\n" for _ in lines]
+        out = ["pass\n"]
+        rest = lines[1:]
+    else:
+        out = []
+        rest = lines
+    continued = False
+    for line in rest:
+        if continued:
+            out.append("\n" if line.endswith("\n") else "")
+            continued = line.rstrip("\r\n").endswith("\\")
+            continue
+        new = _neutralise(line)
+        if new is not line:
+            continued = line.rstrip("\r\n").endswith("\\")
+        out.append(new)
+    return out
+
+
+def _cell_lines(cell: dict) -> list[str]:
+    src = cell.get("source", "")
+    if isinstance(src, list):
+        text = "".join(s for s in src if isinstance(s, str))
+    elif isinstance(src, str):
+        text = src
+    else:
+        text = ""
+    return text.splitlines(keepends=True)
+
+
+def read_notebook(text: str) -> NotebookSource:
+    """Parse the notebook JSON (raises ``DecodeError`` with the position) and join its code cells."""
+    import json
+
+    try:
+        nb = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DecodeError(f"invalid notebook JSON: {e.msg}", e.lineno, e.colno) from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise DecodeError("not a Jupyter notebook: no \"cells\" list", 1, 1)
+    lang = ((nb.get("metadata") or {}).get("language_info") or {}).get("name") if isinstance(nb.get("metadata"), dict) else None
+    if isinstance(lang, str) and lang and lang.lower() != "python":
+        return NotebookSource("", [], [], [], nb)
+    cells: list[list[str]] = []
+    index: list[int] = []
+    for i, cell in enumerate(nb["cells"]):
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            cells.append(_cell_lines(cell))
+            index.append(i)
+    return join_cells(cells, index, nb)
+
+
+def join_cells(cells: list[list[str]], index: list[int], nb: dict, blank: frozenset = frozenset()) -> NotebookSource:
+    parts: list[str] = []
+    rows: list[tuple[int, int]] = []
+    for n, lines in enumerate(cells, start=1):
+        py = ["\n" for _ in lines] if n in blank else cell_to_python(lines)
+        for r, line in enumerate(py, start=1):
+            if not line.endswith("\n"):
+                line += "\n"
+            parts.append(line)
+            rows.append((n, r))
+    return NotebookSource("".join(parts), rows, cells, index, nb)
+
+
+# ---------------------------------------------------------------------------------------------- discovery
+
+# Cheap content check for JSON/YAML found in folders: only DeepSpeed and accelerate configurations are linted.
+_CONFIG_HINT = re.compile(
+    r"zero_optimization|train_micro_batch_size_per_gpu|train_batch_size|gradient_accumulation_steps"
+    r"|distributed_type|compute_environment|deepspeed_config|mixed_precision|fsdp_config"
+)
+
+
+def looks_like_training_config(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536)
+    except OSError:
+        return False
+    return bool(_CONFIG_HINT.search(head.decode("utf-8", "replace")))
+
+
+def discover(
+    paths: list[str], is_excluded=None
+) -> Iterator[tuple[str, bool]]:
+    """Yield (path, explicit) for every file to lint. Folders are walked recursively (sorted) skipping the
+    default excludes and ``is_excluded(path)``; files named on the command line are always yielded."""
+    for p in paths:
+        if os.path.isdir(p):
+            yield from ((f, False) for f in _walk(p, is_excluded))
+        else:
+            yield p, True
+
+
+def _walk(root: str, is_excluded) -> Iterator[str]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        keep = []
+        for d in sorted(dirnames):
+            if d in DEFAULT_EXCLUDES or d.endswith(".egg-info"):
+                continue
+            full = os.path.join(dirpath, d)
+            if is_excluded is not None and is_excluded(full):
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            k = kind_of(name)
+            if k == "other":
+                continue
+            full = os.path.join(dirpath, name)
+            if is_excluded is not None and is_excluded(full):
+                continue
+            if k == "config" and not looks_like_training_config(full):
+                continue
+            yield full
+
+
+# ------------------------------------------------------------------------------------------ config files
+
+_DEEPSPEED_KEYS = {
+    "zero_optimization",
+    "train_micro_batch_size_per_gpu",
+    "train_batch_size",
+    "zero_allow_untested_optimizer",
+    "gradient_clipping",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "activation_checkpointing",
+}
+_ACCELERATE_KEYS = {
+    "compute_environment",
+    "distributed_type",
+    "num_processes",
+    "machine_rank",
+    "num_machines",
+    "deepspeed_config",
+    "fsdp_config",
+    "main_training_function",
+    "downcast_bf16",
+    "use_cpu",
+}
+
+
+def config_kind(data) -> str:
+    """"deepspeed" | "accelerate" | "unknown", guessed from the top-level keys."""
+    if not isinstance(data, dict):
+        return "unknown"
+    keys = set(k for k in data if isinstance(k, str))
+    acc = len(keys & _ACCELERATE_KEYS)
+    ds = len(keys & _DEEPSPEED_KEYS)
+    if acc and acc >= ds:
+        return "accelerate"
+    if ds:
+        return "deepspeed"
+    return "unknown"
+
+
+def parse_config_text(text: str, filename: str):
+    """(data, fmt). Raises ``DecodeError`` with the position of a JSON/YAML syntax error."""
+    low = filename.lower()
+    if low.endswith(".json"):
+        import json
+
+        try:
+            return json.loads(text), "json"
+        except json.JSONDecodeError as e:
+            raise DecodeError(f"invalid JSON: {e.msg}", e.lineno, e.colno) from None
+        except RecursionError:
+            raise DecodeError("invalid JSON: nested too deeply", 1, 1) from None
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml ships with transformers/accelerate
+        raise DecodeError("cannot read YAML: PyYAML is not installed (pip install pyyaml)", 1, 1) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        row, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        problem = e.problem or e.context or "syntax error"
+        raise DecodeError(f"invalid YAML: {problem}", row, col) from None
+    except yaml.YAMLError as e:
+        raise DecodeError(f"invalid YAML: {e}", 1, 1) from None
+    except RecursionError:
+        raise DecodeError("invalid YAML: nested too deeply", 1, 1) from None
+    data = next((d for d in docs if isinstance(d, dict)), docs[0] if docs else None)
+    return data, "yaml"
+
+
+def key_positions(text: str, fmt: str) -> dict:
+    """{path tuple: (row, col)} for every key (and list item) of a JSON or YAML document; best effort."""
+    out: dict = {}
+    try:
+        if fmt == "yaml":
+            _yaml_positions(text, out)
+        else:
+            _json_positions(text, out)
+    except Exception:  # best effort: keep what was found
+        pass
+    return out
+
+
+def _yaml_positions(text: str, out: dict) -> None:
+    import yaml
+
+    for node in yaml.compose_all(text):
+        if isinstance(node, yaml.MappingNode):
+            _yaml_walk(node, (), out)
+            return
+
+
+def _yaml_walk(node, path: tuple, out: dict) -> None:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key is None:
+                continue
+            p = path + (key,)
+            out.setdefault(p, (k.start_mark.line + 1, k.start_mark.column + 1))
+            _yaml_walk(v, p, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            p = path + (i,)
+            out.setdefault(p, (v.start_mark.line + 1, v.start_mark.column + 1))
+            _yaml_walk(v, p, out)
+
+
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+_JSON_ATOM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|NaN|-?Infinity")
+
+
+def _json_positions(text: str, out: dict) -> None:
+    from bisect import bisect_right
+    from json.decoder import scanstring
+
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def rc(off: int) -> tuple[int, int]:
+        r = bisect_right(starts, off)
+        return r, off - starts[r - 1] + 1
+
+    def ws(i: int) -> int:
+        return _JSON_WS.match(text, i).end()
+
+    def value(i: int, path: tuple, depth: int) -> int:
+        if depth > 200:
+            raise ValueError("too deep")
+        i = ws(i)
+        c = text[i]
+        if c == "{":
+            i = ws(i + 1)
+            if text[i] == "}":
+                return i + 1
+            while True:
+                i = ws(i)
+                key_off = i
+                key, i = scanstring(text, i + 1)
+                p = path + (key,)
+                out.setdefault(p, rc(key_off))
+                i = ws(i)
+                i = value(i + 1, p, depth + 1)  # skip ':'
+                i = ws(i)
+                if text[i] == ",":
+                    i += 1
+                    continue
+                return i + 1
+        if c == "[":
+            i = ws(i + 1)
+            if text[i] == "]":
+                return i + 1
+            n = 0
+            while True:
+                i = ws(i)
+                p = path + (n,)
+                out.setdefault(p, rc(i))
+                i = value(i, p, depth + 1)
+                i = ws(i)
+                n += 1
+                if text[i] == ",":
+                    i += 1
+                    continue
+                return i + 1
+        if c == '"':
+            return scanstring(text, i + 1)[1]
+        m = _JSON_ATOM.match(text, i)
+        if not m:
+            raise ValueError("bad json")
+        return m.end()
+
+    value(0, (), 0)
