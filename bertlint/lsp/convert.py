@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from bertlint.types import Applicability, Diagnostic, Edit, Position
+from bertlint.types import Applicability, Diagnostic, Position
 
 # ---------------------------------------------------------------------------------------------------
 # The library API (bertlint.api), with a fallback to the engine while the API is not there.
@@ -43,13 +43,27 @@ def lint(text: str, filename: str, settings: Any = None) -> list[Diagnostic]:
 
 def load_settings(path: str):
     """The settings of the nearest pyproject.toml / bertlint.toml above ``path`` (may raise the
-    core's ConfigError)."""
+    core's ConfigError). Read afresh every time: the user edits the configuration while the server
+    runs, and finding and parsing it costs well under a millisecond."""
     api = _api()
     if api is not None and hasattr(api, "load_settings"):
+        from bertlint import config
+
+        if hasattr(config, "clear_caches"):
+            config.clear_caches()
         return api.load_settings(path)
     from bertlint.config import Settings
 
     return Settings()
+
+
+def is_excluded(settings, filename: str) -> bool:
+    """``exclude`` in the configuration: the server stays silent on those files, as the CLI does."""
+    fn = getattr(settings, "is_excluded", None)
+    try:
+        return bool(fn(filename)) if fn else False
+    except Exception:
+        return False
 
 
 @dataclass
@@ -349,6 +363,3 @@ def _line_of(starts: list[int], offset: int) -> int:
             hi = mid - 1
     return lo
 
-
-def edit_positions(edits: tuple[Edit, ...]) -> list[tuple[Position, Position, str]]:
-    return [(e.start, e.end, e.content) for e in edits]

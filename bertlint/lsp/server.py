@@ -73,20 +73,36 @@ def _guard(code: str, fn):
     return guarded
 
 
+def _record_rule_error(code: str, filename: str, exc: BaseException) -> None:
+    """The engine's ``on_internal_error`` hook in the server process: remember the error for the
+    client's log instead of writing to stderr."""
+    sink = getattr(_tls, "rule_errors", None)
+    if sink is None:
+        logger.warning("rule %s raised %s: %s on %s", code, type(exc).__name__, exc, filename)
+        return
+    sink.append((code, exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))))
+
+
 def guard_rules() -> None:
-    """Wrap every registered rule's check so that an exception is recorded (and logged to the
-    client) instead of aborting the file. Process-local: only the server process does this."""
+    """Make a rule that raises lose only its own diagnostics, and send its error to the client.
+
+    The engine isolates rules itself and reports through ``bertlint.engine.on_internal_error``; the
+    server points that hook at the client's log. With an engine that has no such hook, every
+    registered check is wrapped instead. Process-local: only the server process does this."""
     global _guarded
     if _guarded:
         return
     with _guard_lock:
         if _guarded:
             return
-        from bertlint import registry
+        from bertlint import engine, registry
 
-        for r in registry.all_rules():
-            if not getattr(r.check, "_bertlint_guarded", False):
-                registry._RULES[r.meta.code] = registry.Rule(r.meta, _guard(r.meta.code, r.check))
+        if hasattr(engine, "on_internal_error"):
+            engine.on_internal_error = _record_rule_error
+        else:
+            for r in registry.all_rules():
+                if not getattr(r.check, "_bertlint_guarded", False):
+                    registry._RULES[r.meta.code] = registry.Rule(r.meta, _guard(r.meta.code, r.check))
         _guarded = True
 
 
@@ -107,6 +123,9 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
         settings = convert.load_settings(settings_path)
     except Exception as e:  # ConfigError or a broken toml: lint with the defaults, say why
         out.config_error = f"{type(e).__name__}: {e}"
+    if settings is not None and convert.is_excluded(settings, filename):
+        out.diagnostics = []
+        return out
     _tls.rule_errors = out.rule_errors
     try:
         out.diagnostics = convert.lint(text, filename, settings)
