@@ -58,6 +58,13 @@ class FileContext:
         return loops.build(self)
 
     @cached_property
+    def evalflow(self):
+        """Grad mode, model forwards, backward reachability and loop data flow (``bertlint/analysis/evalflow.py``)."""
+        from bertlint.analysis import evalflow
+
+        return evalflow.EvalFlow(self.module, self.symbols, self.filename)
+
+    @cached_property
     def positions(self):
         wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
         return wrapper.resolve(PositionProvider)

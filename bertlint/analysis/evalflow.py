@@ -1,0 +1,909 @@
+"""Grad mode, model forwards and small function-level data flow — shared by the evaluation and memory rules
+(BL501, BL502, BL506) and reusable by any rule that needs to ask:
+
+* is this node under ``torch.no_grad()`` / ``torch.inference_mode()`` (a ``with`` at any enclosing level, a
+  decorator on the enclosing function, a caller of that function in the same file)?  ``grad_state(node)``
+* is this call a model forward (``model(**batch)``, ``self.model(x)``, ``model.forward(...)``)?  ``is_forward(call)``
+* does this loop / function run a backward (directly or through functions of the same file)?  ``has_backward(node)``
+* does this loop evaluate (``model.eval()`` before it, or a function named like evaluate/validate/predict)?
+* which names of a loop body carry an autograd graph?  ``graph_env(loop)`` / ``carries_graph(expr, env)``
+
+Built lazily, once per file, as ``ctx.evalflow``: one walk that records parents and pre-order positions (so
+"before", "after" and "inside" are integer comparisons), the calls, loops, functions and assignments of each scope.
+No ScopeProvider / QualifiedNameProvider: names resolve through ``ctx.symbols``' import table.
+
+Every question answers conservatively: when the code is not understood the answer is the one that makes the
+rules stay silent (``grad_state`` says "unknown", ``is_forward`` says False).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from typing import Iterable, Iterator, Optional, Union
+
+import libcst as cst
+
+from bertlint.analysis.symbols import SymbolTable, call_name, dotted, literal
+
+Scope = Union[cst.FunctionDef, None]  # None: module level
+
+ENABLED = "enabled"
+DISABLED = "disabled"  # no_grad / set_grad_enabled(False) / inference_mode
+UNKNOWN = "unknown"
+
+# other frameworks whose `model(x)` is not a torch forward
+_FOREIGN = {"tensorflow", "keras", "jax", "flax", "mindspore", "paddle", "mxnet", "tf_keras", "oneflow"}
+
+EVAL_TOKENS = {
+    "eval", "evaluate", "evaluation", "evaluating", "validate", "validation", "valid", "val", "test", "testing",
+    "predict", "prediction", "predictions", "inference", "infer", "score", "scoring",
+}
+
+_MODEL_NAME = re.compile(
+    r"(?:^|_)(model|models|net|network|encoder|classifier|teacher|student|bert|roberta|backbone|transformer|"
+    r"ddp_model|engine|model_engine)(?:$|_)",
+    re.IGNORECASE,
+)
+_NOT_MODEL_TOKENS = {
+    "name", "names", "path", "paths", "dir", "args", "arguments", "config", "cfg", "conf", "type", "types", "kwargs",
+    "id", "ids", "file", "files", "class", "cls", "fn", "func", "inputs", "outputs", "output", "str", "url", "key",
+    "card", "size", "version", "state", "dict", "info", "params", "parameters", "tokenizer", "output_dir",
+    "checkpoint", "ckpt", "registry", "factory", "builder", "list",
+}
+
+_MODEL_CTOR = re.compile(
+    r"(^AutoModel|Model$|Model[A-Z]|For[A-Z]|LMHead|^DistributedDataParallel$|^DataParallel$|^DDP$|"
+    r"^FullyShardedDataParallel$|^FSDP$|^PeftModel|^get_peft_model$|^prepare_model_for_kbit_training$|"
+    r"^SentenceTransformer$|^compile$|^unwrap_model$|Classifier$|Net$|Encoder$|Transformer$)"
+)
+_NOT_MODEL_CTOR = re.compile(r"(Tokenizer|Processor|Config|FeatureExtractor|ImageProcessor|Collator|Dataset|Args)")
+
+# torch.nn classes that save their input for the weight gradient (an inference tensor as input raises)
+_SAVING_MODULES = {"Linear", "Bilinear", "Embedding", "EmbeddingBag", "Conv1d", "Conv2d", "Conv3d", "LayerNorm",
+                   "LSTM", "GRU", "RNN", "MultiheadAttention", "BatchNorm1d", "BatchNorm2d", "LazyLinear"}
+
+# losses that save their target (checked: an inference-mode target raises at backward)
+SAVING_LOSS_FUNCS = {"cross_entropy", "nll_loss", "mse_loss", "kl_div", "binary_cross_entropy",
+                     "binary_cross_entropy_with_logits", "smooth_l1_loss", "huber_loss"}
+SAVING_LOSS_CLASSES = {"CrossEntropyLoss", "NLLLoss", "MSELoss", "KLDivLoss", "BCELoss", "BCEWithLogitsLoss",
+                       "SmoothL1Loss", "HuberLoss"}
+_LOSS_FUNCS = SAVING_LOSS_FUNCS | {"l1_loss", "cosine_embedding_loss", "margin_ranking_loss", "triplet_margin_loss",
+                                   "ctc_loss", "poisson_nll_loss", "hinge_embedding_loss", "soft_margin_loss",
+                                   "multilabel_soft_margin_loss", "gaussian_nll_loss", "multi_margin_loss"}
+
+# tensor methods that keep the autograd graph of their receiver
+_GRAPH_METHODS = {
+    "mean", "sum", "view", "view_as", "reshape", "float", "half", "double", "bfloat16", "squeeze", "unsqueeze",
+    "softmax", "log_softmax", "sigmoid", "exp", "log", "to", "cpu", "cuda", "contiguous", "flatten", "transpose",
+    "permute", "t", "abs", "pow", "sqrt", "tanh", "relu", "clone", "expand", "expand_as", "narrow", "split", "chunk",
+    "unbind", "masked_fill", "mul", "div", "add", "sub", "matmul", "norm", "prod", "logsumexp", "clamp", "type_as",
+    "squeeze_", "unsqueeze_", "__getitem__", "gather", "index_select", "square", "neg", "reciprocal", "std", "var",
+    "cumsum", "nansum", "nanmean", "amax", "amin", "repeat", "tile", "roll", "flip",
+}
+# torch functions that keep the graph of their tensor arguments
+_GRAPH_FUNCS = {
+    "cat", "stack", "concat", "concatenate", "mean", "sum", "softmax", "log_softmax", "sigmoid", "exp", "log", "tanh",
+    "relu", "matmul", "bmm", "mm", "einsum", "abs", "pow", "sqrt", "square", "clamp", "where", "norm", "logsumexp",
+    "flatten", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "gather", "index_select", "masked_select",
+    "hstack", "vstack", "mul", "div", "add", "sub", "neg", "prod", "std", "var", "cumsum", "dropout", "normalize",
+    "cosine_similarity", "pairwise_distance", "linear", "layer_norm", "gelu", "silu", "amax", "amin", "nansum",
+    "nanmean",
+}
+_BUILTIN_GRAPH = {"sum"}  # builtins that return a tensor built from tensor elements
+
+_BACKWARD_CALLS = {"backward", "manual_backward"}
+_TRAIN_STEP_RECEIVER = re.compile(r"(opt|optim|optimizer|scaler|engine|model_engine)", re.IGNORECASE)
+
+# methods run by frameworks under no_grad / inference_mode themselves
+_FRAMEWORK_EVAL_METHODS = {
+    "validation_step", "test_step", "predict_step", "validation_epoch_end", "test_epoch_end",
+    "on_validation_epoch_end", "on_test_epoch_end", "on_validation_batch_end", "on_test_batch_end",
+    "on_predict_epoch_end", "on_predict_batch_end", "prediction_step", "evaluation_loop", "prediction_loop",
+    "evaluate", "predict",
+}
+_FRAMEWORK_BASES = re.compile(r"(LightningModule|Trainer|Callback|LightningDataModule|TrainerCallback)$")
+
+
+def final(name: Optional[str]) -> str:
+    return (name or "").rsplit(".", 1)[-1]
+
+
+def root_name(expr: cst.BaseExpression) -> Optional[str]:
+    """``a`` for ``a``, ``a.b``, ``a[0].c``, ``a.b(...)``; None otherwise."""
+    while True:
+        if isinstance(expr, cst.Name):
+            return expr.value
+        if isinstance(expr, (cst.Attribute, cst.Subscript)):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            expr = expr.func
+        else:
+            return None
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every plain Name read in ``node`` (attribute names excluded)."""
+    out: set[str] = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            out.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+    node.visit(V())
+    return out
+
+
+def target_names(t: cst.BaseExpression) -> list[str]:
+    if isinstance(t, cst.Name):
+        return [t.value]
+    if isinstance(t, (cst.Tuple, cst.List)):
+        out: list[str] = []
+        for el in t.elements:
+            out.extend(target_names(el.value))
+        return out
+    if isinstance(t, cst.StarredElement):
+        return target_names(t.value)
+    return []
+
+
+class _Walker(cst.CSTVisitor):
+    def __init__(self, flow: "EvalFlow") -> None:
+        super().__init__()
+        self.f = flow
+        self.stack: list[cst.CSTNode] = []
+        self.scopes: list[Scope] = [None]
+        self.n = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        f = self.f
+        if self.stack:
+            f.parent[node] = self.stack[-1]
+        self.stack.append(node)
+        f.order[node] = self.n
+        self.n += 1
+        scope = self.scopes[-1]
+        if isinstance(node, cst.Call):
+            f.calls.append(node)
+            f.scope[node] = scope
+            nm = final(call_name(node))
+            if nm:
+                f.calls_by_final.setdefault(nm, []).append(node)
+        elif isinstance(node, (cst.For, cst.While)):
+            f.loops.append(node)
+            f.scope[node] = scope
+        elif isinstance(node, cst.With):
+            f.withs.append(node)
+            f.scope[node] = scope
+        elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            f.scope[node] = scope
+            f.assigns.setdefault(scope, []).append(node)
+        elif isinstance(node, cst.Name):
+            f.names.setdefault(scope, []).append(node)
+        elif isinstance(node, (cst.Return, cst.Yield)):
+            f.returns.setdefault(scope, []).append(node)
+        if isinstance(node, cst.FunctionDef):
+            f.scope[node] = scope
+            f.functions.append(node)
+            self.scopes.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.f.end[original_node] = self.n - 1
+        self.stack.pop()
+        if isinstance(original_node, cst.FunctionDef):
+            self.scopes.pop()
+
+
+class EvalFlow:
+    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "") -> None:
+        self.module = module
+        self.symbols = symbols
+        self.filename = filename
+        self.parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.order: dict[cst.CSTNode, int] = {}
+        self.end: dict[cst.CSTNode, int] = {}
+        self.scope: dict[cst.CSTNode, Scope] = {}
+        self.calls: list[cst.Call] = []
+        self.calls_by_final: dict[str, list[cst.Call]] = {}
+        self.loops: list[Union[cst.For, cst.While]] = []
+        self.withs: list[cst.With] = []
+        self.functions: list[cst.FunctionDef] = []
+        self.assigns: dict[Scope, list[cst.CSTNode]] = {}
+        self.names: dict[Scope, list[cst.Name]] = {}
+        self.returns: dict[Scope, list[cst.CSTNode]] = {}
+        module.visit(_Walker(self))
+        self._call_orders = [self.order[c] for c in self.calls]
+        self._grad_memo: dict[int, str] = {}
+        self._fn_backward: dict[int, Optional[bool]] = {}
+        self._model_memo: dict[tuple, bool] = {}
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def torch_file(self) -> bool:
+        """The file uses torch (directly or through transformers & co.) and no other tensor framework."""
+        mods = self.symbols.imported_modules
+        if mods & _FOREIGN:
+            return False
+        return bool(mods & {"torch", "transformers", "accelerate", "deepspeed", "lightning", "pytorch_lightning",
+                            "peft", "sentence_transformers", "timm"})
+
+    def inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        o = self.order.get(node)
+        return o is not None and self.order[container] <= o <= self.end[container]
+
+    def after(self, node: cst.CSTNode, ref: cst.CSTNode) -> bool:
+        return self.order.get(node, -1) > self.end[ref]
+
+    def before(self, node: cst.CSTNode, ref: cst.CSTNode) -> bool:
+        return self.end.get(node, 1 << 60) < self.order[ref]
+
+    def calls_in(self, node: cst.CSTNode) -> list[cst.Call]:
+        lo = bisect.bisect_left(self._call_orders, self.order[node])
+        hi = bisect.bisect_right(self._call_orders, self.end[node])
+        return self.calls[lo:hi]
+
+    def scope_of(self, node: cst.CSTNode) -> Scope:
+        if node in self.scope:
+            return self.scope[node]
+        cur = self.parent.get(node)
+        while cur is not None and not isinstance(cur, cst.FunctionDef):
+            cur = self.parent.get(cur)
+        return cur
+
+    def enclosing(self, node: cst.CSTNode, types) -> Optional[cst.CSTNode]:
+        """The nearest ancestor of one of ``types``, not crossing a function or class boundary."""
+        cur = self.parent.get(node)
+        while cur is not None:
+            if isinstance(cur, types):
+                return cur
+            if isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            cur = self.parent.get(cur)
+        return None
+
+    def loop_of(self, node: cst.CSTNode) -> Optional[Union[cst.For, cst.While]]:
+        """The nearest enclosing loop whose *body* holds ``node`` (not its iterable or test)."""
+        cur, child = self.parent.get(node), node
+        while cur is not None:
+            if isinstance(cur, (cst.For, cst.While)) and child is cur.body:
+                return cur
+            if isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            child, cur = cur, self.parent.get(cur)
+        return None
+
+    def class_of(self, func: cst.FunctionDef) -> Optional[cst.ClassDef]:
+        p = self.parent.get(func)
+        if isinstance(p, cst.IndentedBlock):
+            p = self.parent.get(p)
+        return p if isinstance(p, cst.ClassDef) else None
+
+    def qual(self, expr: cst.BaseExpression) -> Optional[str]:
+        return self.symbols.qualname(expr) or dotted(expr)
+
+    # ------------------------------------------------------------------ grad mode
+    def ctx_kind(self, expr: cst.BaseExpression) -> Optional[str]:
+        """What a ``with`` item or a decorator does to grad mode: DISABLED, "inference", ENABLED, UNKNOWN or None
+        (nothing known to touch grad mode)."""
+        if isinstance(expr, cst.Call):
+            target = expr.func
+        else:
+            target = expr
+        name = self.qual(target) if isinstance(target, (cst.Name, cst.Attribute)) else None
+        last = final(name)
+        if last == "no_grad":
+            return DISABLED
+        if last == "enable_grad":
+            return ENABLED
+        if last == "inference_mode":
+            if isinstance(expr, cst.Call) and expr.args:
+                v = literal(expr.args[0].value)
+                if v is False:
+                    return None
+                if v is not True:
+                    return UNKNOWN
+            return "inference"
+        if last in ("set_grad_enabled", "_set_grad_enabled"):
+            if isinstance(expr, cst.Call) and expr.args:
+                v = literal(expr.args[0].value)
+                if v is False:
+                    return DISABLED
+                if v is True:
+                    return ENABLED
+            return UNKNOWN
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
+            # a context manager of this file that disables grad inside
+            for fn in self.symbols.functions.get(expr.func.value, []):
+                if any(final(call_name(c)) in ("no_grad", "inference_mode", "set_grad_enabled")
+                       for c in self.calls_in(fn)):
+                    return UNKNOWN
+        if isinstance(expr, cst.Name):
+            # `with ctx:` where ctx = torch.no_grad() if ... else nullcontext()
+            for a in self.symbols.assignments.get(expr.value, []):
+                code = self.module.code_for_node(a.value)
+                if "no_grad" in code or "inference_mode" in code or "set_grad_enabled" in code:
+                    return UNKNOWN
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+            # e.g. `with contextlib.ExitStack()` / `with self.eval_context()`: unknown helpers of the file
+            attr = expr.func.attr.value
+            for fn in self.symbols.functions.get(attr, []):
+                if any(final(call_name(c)) in ("no_grad", "inference_mode", "set_grad_enabled")
+                       for c in self.calls_in(fn)):
+                    return UNKNOWN
+        return None
+
+    def _toggles(self, scope: Scope) -> bool:
+        """Statement-level grad switches in ``scope`` (``torch.set_grad_enabled(False)``, ``no_grad().__enter__()``)."""
+        for nm in ("set_grad_enabled", "_set_grad_enabled", "__enter__"):
+            for c in self.calls_by_final.get(nm, []):
+                if self.scope.get(c) is scope and not isinstance(self.parent.get(self.parent.get(c)), cst.With):
+                    if nm != "__enter__" or "grad" in self.module.code_for_node(c) or "inference" in \
+                            self.module.code_for_node(c):
+                        return True
+        return False
+
+    def grad_state(self, node: cst.CSTNode, _depth: int = 0) -> str:
+        """ENABLED, DISABLED (no_grad / inference_mode at some enclosing level, including a decorator or every
+        visible caller) or UNKNOWN."""
+        key = id(node)
+        if _depth == 0 and key in self._grad_memo:
+            return self._grad_memo[key]
+        res = self._grad_state(node, _depth)
+        if _depth == 0:
+            self._grad_memo[key] = res
+        return res
+
+    def _grad_state(self, node: cst.CSTNode, depth: int) -> str:
+        cur, child = self.parent.get(node), node
+        while cur is not None:
+            if isinstance(cur, cst.With) and child is cur.body:
+                kinds = [self.ctx_kind(it.item) for it in cur.items]
+                if DISABLED in kinds or "inference" in kinds:
+                    return DISABLED
+                if UNKNOWN in kinds:
+                    return UNKNOWN
+                if ENABLED in kinds:
+                    return ENABLED
+            elif isinstance(cur, cst.Lambda):
+                return UNKNOWN
+            elif isinstance(cur, cst.FunctionDef):
+                kinds = [self.ctx_kind(d.decorator) for d in cur.decorators]
+                if DISABLED in kinds or "inference" in kinds:
+                    return DISABLED
+                if UNKNOWN in kinds:
+                    return UNKNOWN
+                if ENABLED in kinds:
+                    return ENABLED
+                if self._toggles(cur):
+                    return UNKNOWN
+                return self._callers_state(cur, depth)
+            child, cur = cur, self.parent.get(cur)
+        if self._toggles(None):
+            return UNKNOWN
+        return ENABLED
+
+    def call_sites(self, func: cst.FunctionDef) -> Optional[list[cst.Call]]:
+        """Calls of ``func`` in this file (by name; methods through any ``x.name(...)``). None when the function
+        is also referenced without being called (a callback): its callers are then unknown."""
+        name = func.name.value
+        is_method = self.class_of(func) is not None
+        sites = []
+        for c in self.calls_by_final.get(name, []):
+            if isinstance(c.func, cst.Name) and not is_method:
+                sites.append(c)
+            elif isinstance(c.func, cst.Attribute):
+                sites.append(c)
+        n_refs = 0
+        for scope_names in self.names.values():
+            for nm in scope_names:
+                if nm.value == name:
+                    p = self.parent.get(nm)
+                    if p is func:
+                        continue
+                    if isinstance(p, cst.Call) and p.func is nm:
+                        continue
+                    if isinstance(p, cst.Attribute) and p.attr is nm:
+                        gp = self.parent.get(p)
+                        if isinstance(gp, cst.Call) and gp.func is p:
+                            continue
+                        n_refs += 1
+                        continue
+                    if isinstance(p, (cst.ImportAlias,)):
+                        continue
+                    n_refs += 1
+        if n_refs:
+            return None
+        return sites
+
+    def _callers_state(self, func: cst.FunctionDef, depth: int) -> str:
+        if depth > 4:
+            return UNKNOWN
+        sites = self.call_sites(func)
+        if sites is None:
+            return UNKNOWN
+        for s in sites:
+            if self.inside(s, func):  # recursion
+                continue
+            st = self._grad_state(s, depth + 1)
+            if st != ENABLED:
+                return UNKNOWN
+        return ENABLED
+
+    def inference_block(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The nearest enclosing ``with torch.inference_mode():`` (or a function decorated with it) that decides
+        grad mode for ``node``, if that is inference mode; None otherwise."""
+        cur, child = self.parent.get(node), node
+        while cur is not None:
+            if isinstance(cur, cst.With) and child is cur.body:
+                kinds = [self.ctx_kind(it.item) for it in cur.items]
+                if "inference" in kinds and self._is_torch_inference(cur.items):
+                    return cur
+                if any(k is not None for k in kinds):
+                    return None
+            elif isinstance(cur, cst.FunctionDef):
+                for d in cur.decorators:
+                    if self.ctx_kind(d.decorator) == "inference" and self._is_torch_inference([d]):
+                        return cur
+                return None
+            child, cur = cur, self.parent.get(cur)
+        return None
+
+    def _is_torch_inference(self, items) -> bool:
+        for it in items:
+            e = it.item if isinstance(it, cst.WithItem) else it.decorator
+            t = e.func if isinstance(e, cst.Call) else e
+            q = self.symbols.qualname(t) if isinstance(t, (cst.Name, cst.Attribute)) else None
+            if q and q.startswith("torch.") and q.endswith("inference_mode"):
+                return True
+        return False
+
+    # ------------------------------------------------------------------ models, losses
+    def is_model_name(self, name: str, scope: Scope) -> bool:
+        key = (name, id(scope))
+        if key in self._model_memo:
+            return self._model_memo[key]
+        self._model_memo[key] = False  # recursion guard
+        res = self._is_model_name(name, scope)
+        self._model_memo[key] = res
+        return res
+
+    def _name_looks_like_model(self, name: str) -> bool:
+        last = name.rsplit(".", 1)[-1]
+        if not _MODEL_NAME.search(last):
+            return False
+        tokens = set(last.lower().split("_"))
+        return not (tokens & _NOT_MODEL_TOKENS)
+
+    def _is_model_name(self, name: str, scope: Scope) -> bool:
+        assigns = self.symbols.assignments_of(name, scope)
+        if not assigns and scope is not None:
+            assigns = [a for a in self.symbols.assignments.get(name, []) if a.func is None]
+        verdicts = [self.model_value(a.value, a.func) for a in assigns]
+        if any(v is True for v in verdicts):
+            return True
+        if assigns and all(v is False for v in verdicts):
+            return False
+        if name in self.symbols.imports or (name in self.symbols.functions and "." not in name) or \
+                name in self.symbols.classes:
+            return False
+        return self._name_looks_like_model(name)
+
+    def model_value(self, value: cst.BaseExpression, scope: Scope) -> Optional[bool]:
+        """True: builds a model; False: certainly not a model; None: cannot tell."""
+        if isinstance(value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Integer,
+                              cst.Float, cst.List, cst.Dict, cst.Tuple, cst.Set, cst.ListComp, cst.DictComp)):
+            return False
+        if isinstance(value, cst.Name) and value.value in ("None", "True", "False"):
+            return False
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            d = dotted(value)
+            return True if d and self.is_model_name(d, scope) else None
+        if not isinstance(value, cst.Call):
+            return None
+        func = value.func
+        if isinstance(func, cst.Attribute):
+            meth = func.attr.value
+            if meth in ("to", "cuda", "half", "float", "bfloat16", "double", "eval", "train", "requires_grad_",
+                        "cpu", "module"):
+                d = dotted(func.value)
+                if d and self.is_model_name(d, scope):
+                    return True
+                inner = func.value
+                if isinstance(inner, cst.Call):
+                    return self.model_value(inner, scope)
+                return None
+            if meth == "from_pretrained":
+                cls = final(dotted(func.value))
+                if _NOT_MODEL_CTOR.search(cls):
+                    return False
+                return True
+        q = self.qual(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
+        last = final(q)
+        if not last:
+            return None
+        if q == "transformers.pipeline" or last == "pipeline":
+            return False
+        if _NOT_MODEL_CTOR.search(last):
+            return False
+        if last in ("unwrap_model", "compile", "DistributedDataParallel", "DataParallel", "DDP",
+                    "FullyShardedDataParallel", "FSDP", "get_peft_model", "prepare_model_for_kbit_training"):
+            return True
+        if q and q.startswith("torch.nn.") and last[:1].isupper() and not last.endswith("Loss"):
+            return True
+        if last in self.symbols.classes:
+            bases = " ".join(self.symbols.class_bases.get(last, []))
+            if re.search(r"Module|PreTrained|Model|Lightning", bases):
+                return True
+        if _MODEL_CTOR.search(last):
+            return True
+        return None
+
+    def is_forward(self, call: cst.Call) -> bool:
+        """``model(...)`` / ``self.model(...)`` / ``model.forward(...)`` on something that is a model."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        if not isinstance(func, (cst.Name, cst.Attribute)):
+            return False
+        d = dotted(func)
+        if not d or d == "self" or d == "super":
+            return False
+        head = d.split(".")[0]
+        if head in self.symbols.imports and head != "self":
+            return False
+        scope = self.scope_of(call)
+        return self.is_model_name(d, scope)
+
+    def module_class(self, name: str, scope: Scope) -> Optional[str]:
+        """The torch.nn class a name was built from (``nn.Linear``, ``nn.Sequential(nn.Linear(...), ...)``'s first
+        layer), or ``"hf"`` for a transformers model; None if unknown."""
+        assigns = self.symbols.assignments_of(name, scope)
+        if not assigns and scope is not None:
+            assigns = [a for a in self.symbols.assignments.get(name, []) if a.func is None]
+        kinds = set()
+        for a in assigns:
+            kinds.add(self._module_kind(a.value, a.func, 0))
+        if len(kinds) == 1:
+            return kinds.pop()
+        return None
+
+    def _module_kind(self, v: cst.BaseExpression, scope: Scope, depth: int) -> Optional[str]:
+        if depth > 4 or not isinstance(v, cst.Call):
+            if isinstance(v, (cst.Name, cst.Attribute)) and dotted(v) and depth <= 4:
+                return self.module_class(dotted(v), scope) if depth < 3 else None
+            return None
+        func = v.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda", "train", "float"):
+            return self._module_kind(func.value, scope, depth + 1)
+        if isinstance(func, cst.Attribute) and func.attr.value == "from_pretrained":
+            q = self.symbols.qualname(func.value) or ""
+            if q.startswith("transformers.") and not _NOT_MODEL_CTOR.search(q):
+                return "hf"
+            return None
+        q = self.symbols.qualname(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
+        if not q:
+            return None
+        last = final(q)
+        if q.startswith("torch.nn.") and last in _SAVING_MODULES:
+            return last
+        if q.startswith("torch.nn.") and last == "Sequential" and v.args:
+            return self._module_kind(v.args[0].value, scope, depth + 1)
+        if q.startswith("transformers.") and re.search(r"(Model|For[A-Z])", last) and not _NOT_MODEL_CTOR.search(last):
+            return "hf"
+        return None
+
+    def loss_kind(self, call: cst.Call) -> Optional[str]:
+        """"saving" for a torch loss known to save its target for backward, "loss" for another loss or a criterion
+        named like one, None otherwise."""
+        func = call.func
+        if isinstance(func, cst.Call):  # nn.CrossEntropyLoss()(a, b)
+            q = self.symbols.qualname(func.func) if isinstance(func.func, (cst.Name, cst.Attribute)) else None
+            if q and q.startswith("torch.nn.") and final(q) in SAVING_LOSS_CLASSES:
+                return "saving"
+            return "loss" if q and final(q).endswith("Loss") else None
+        if not isinstance(func, (cst.Name, cst.Attribute)):
+            return None
+        q = self.symbols.qualname(func)
+        if q and q.startswith("torch.") and final(q) in _LOSS_FUNCS:
+            return "saving" if final(q) in SAVING_LOSS_FUNCS else "loss"
+        d = dotted(func) or ""
+        scope = self.scope_of(call)
+        assigns = self.symbols.assignments_of(d, scope) or [a for a in self.symbols.assignments.get(d, [])
+                                                             if a.func is None]
+        for a in assigns:
+            if isinstance(a.value, cst.Call) and isinstance(a.value.func, (cst.Name, cst.Attribute)):
+                aq = self.symbols.qualname(a.value.func)
+                if aq and aq.startswith("torch.nn.") and final(aq) in SAVING_LOSS_CLASSES:
+                    return "saving"
+        last = final(d).lower()
+        if "loss" in last or "criterion" in last:
+            return "loss"
+        return None
+
+    # ------------------------------------------------------------------ backward / training
+    def is_backward_call(self, c: cst.Call) -> bool:
+        name = call_name(c)
+        last = final(name) if name else (c.func.attr.value if isinstance(c.func, cst.Attribute) else "")
+        if last in _BACKWARD_CALLS:
+            return True
+        if name in ("torch.autograd.grad", "autograd.grad", "grad") and name != "grad":
+            return True
+        q = self.symbols.qualname(c.func) if isinstance(c.func, (cst.Name, cst.Attribute)) else None
+        return q in ("torch.autograd.grad", "torch.autograd.backward")
+
+    def _is_train_call(self, c: cst.Call) -> bool:
+        if self.is_backward_call(c):
+            return True
+        if isinstance(c.func, cst.Attribute):
+            attr = c.func.attr.value
+            if attr == "zero_grad":
+                return True
+            if attr == "step":
+                recv = dotted(c.func.value) or ""
+                if _TRAIN_STEP_RECEIVER.search(recv.rsplit(".", 1)[-1]):
+                    return True
+        return False
+
+    def has_backward(self, node: cst.CSTNode) -> bool:
+        """``node`` runs a backward / optimizer step, directly or through functions of this file."""
+        for c in self.calls_in(node):
+            if self._is_train_call(c):
+                return True
+            if self._calls_training_function(c):
+                return True
+        return False
+
+    def _calls_training_function(self, c: cst.Call) -> bool:
+        if isinstance(c.func, cst.Name):
+            fns = [f for f in self.symbols.functions.get(c.func.value, []) if self.class_of(f) is None]
+        elif isinstance(c.func, cst.Attribute) and isinstance(c.func.value, cst.Name) and c.func.value.value in (
+                "self", "cls"):
+            fns = [f for f in self.symbols.functions.get(c.func.attr.value, []) if self.class_of(f) is not None]
+        else:
+            return False
+        for fn in fns:
+            k = id(fn)
+            if k in self._fn_backward:
+                if self._fn_backward[k]:
+                    return True
+                continue
+            self._fn_backward[k] = None  # in progress
+            res = any(self._is_train_call(x) or self._calls_training_function(x) for x in self.calls_in(fn))
+            self._fn_backward[k] = res
+            if res:
+                return True
+        return False
+
+    def backward_names(self, scope: Scope) -> set[str]:
+        """Names read by the backward calls of ``scope`` (receiver chain and arguments)."""
+        out: set[str] = set()
+        for c in self.calls:
+            if self.scope.get(c) is scope and self.is_backward_call(c):
+                out |= names_in(c)
+        return out
+
+    def derived(self, names: set[str], scope: Scope, after: Optional[cst.CSTNode] = None) -> set[str]:
+        """``names`` plus every name assigned (in ``scope``, after ``after``) from an expression reading them."""
+        out = set(names)
+        assigns = [a for a in self.assigns.get(scope, []) if after is None or self.after(a, after)]
+        for _ in range(4):
+            grew = False
+            for a in assigns:
+                if isinstance(a, cst.Assign) and names_in(a.value) & out:
+                    for t in a.targets:
+                        for n in target_names(t.target):
+                            if n not in out:
+                                out.add(n)
+                                grew = True
+            if not grew:
+                break
+        return out
+
+    # ------------------------------------------------------------------ evaluation context
+    def framework_owned(self, scope: Scope) -> bool:
+        """Methods whose forward the framework already wraps in no_grad (Lightning validation_step, a Trainer
+        subclass's prediction_step / evaluate, callbacks)."""
+        if scope is None:
+            return False
+        if scope.name.value in _FRAMEWORK_EVAL_METHODS and self.class_of(scope) is not None:
+            return True
+        cls = self.class_of(scope)
+        if cls is not None:
+            for b in self.symbols.class_bases.get(cls.name.value, []):
+                if _FRAMEWORK_BASES.search(b):
+                    return True
+        return False
+
+    def eval_name(self, scope: Scope) -> bool:
+        if scope is None:
+            return False
+        name = scope.name.value.lower().strip("_")
+        if name.startswith("test_") and re.search(r"(^|/)(test_[^/]*|[^/]*_test)\.py$", self.filename or ""):
+            return False
+        toks = set(t for t in re.split(r"_+", name) if t)
+        return bool(toks & EVAL_TOKENS)
+
+    def eval_mode_before(self, loop: cst.CSTNode, receivers: Iterable[str]) -> Optional[cst.Call]:
+        """A ``X.eval()`` call before ``loop`` in its scope on one of ``receivers`` (or on a model) with no
+        ``X.train()`` between it and the loop."""
+        scope = self.scope_of(loop)
+        recv = set(receivers)
+        best = None
+        for c in self.calls_by_final.get("eval", []):
+            if self.scope.get(c) is not scope or not isinstance(c.func, cst.Attribute) or c.args:
+                continue
+            if not self.before(c, loop) and not (self.inside(c, loop)):
+                continue
+            if self.inside(c, loop):
+                continue
+            r = dotted(c.func.value)
+            if not r or not (r in recv or self.is_model_name(r, scope)):
+                continue
+            # a later .train() on the same receiver before the loop cancels it
+            cancelled = False
+            for t in self.calls_by_final.get("train", []):
+                if self.scope.get(t) is scope and isinstance(t.func, cst.Attribute) and \
+                        dotted(t.func.value) == r and self.order[t] > self.order[c] and self.before(t, loop):
+                    cancelled = True
+            if not cancelled:
+                best = c
+        return best
+
+    # ------------------------------------------------------------------ graph-carrying values
+    def carries_graph(self, expr: cst.BaseExpression, env: dict[str, bool]) -> bool:
+        """``expr`` is (certainly) a tensor attached to an autograd graph, given the names in ``env``."""
+        if isinstance(expr, cst.Name):
+            return env.get(expr.value, False)
+        if isinstance(expr, cst.Attribute):
+            if expr.attr.value in ("data", "shape", "dtype", "device", "requires_grad", "grad", "is_leaf",
+                                   "grad_fn", "ndim"):
+                return False
+            d = dotted(expr)
+            if d is not None and d in env:
+                return env[d]
+            return self.carries_graph(expr.value, env)
+        if isinstance(expr, cst.Subscript):
+            return self.carries_graph(expr.value, env)
+        if isinstance(expr, cst.BinaryOperation):
+            return self.carries_graph(expr.left, env) or self.carries_graph(expr.right, env)
+        if isinstance(expr, cst.UnaryOperation):
+            return not isinstance(expr.operator, cst.Not) and self.carries_graph(expr.expression, env)
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return any(self.carries_graph(e.value, env) for e in expr.elements if isinstance(e, cst.Element))
+        if isinstance(expr, cst.IfExp):
+            return self.carries_graph(expr.body, env) and self.carries_graph(expr.orelse, env)
+        if isinstance(expr, cst.Call):
+            func = expr.func
+            if self.is_forward(expr):
+                return self.grad_state(expr) == ENABLED
+            if isinstance(func, cst.Attribute):
+                meth = func.attr.value
+                q = self.symbols.qualname(func)
+                if q is None and meth in _GRAPH_METHODS and self.carries_graph(func.value, env):
+                    return True
+                if q is not None and q.startswith("torch.") and final(q) in _GRAPH_FUNCS | _LOSS_FUNCS:
+                    return any(self.carries_graph(a.value, env) for a in expr.args)
+            if isinstance(func, cst.Name) and func.value in _BUILTIN_GRAPH and func.value not in self.symbols.imports:
+                return any(self.carries_graph(a.value, env) for a in expr.args)
+            if self.loss_kind(expr) is not None:
+                return any(self.carries_graph(a.value, env) for a in expr.args)
+            return False
+        return False
+
+    def statements(self, body: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        """Small statements of a block in source order, descending into compound statements (not into nested
+        functions or classes)."""
+        if isinstance(body, cst.IndentedBlock):
+            stmts: Iterable = body.body
+        elif isinstance(body, cst.SimpleStatementSuite):
+            stmts = [body]
+        else:
+            stmts = []
+        for s in stmts:
+            if isinstance(s, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                yield from s.body
+            elif isinstance(s, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            elif isinstance(s, (cst.For, cst.While)):
+                yield s
+                yield from self.statements(s.body)
+                if s.orelse is not None:
+                    yield from self.statements(s.orelse.body)
+            elif isinstance(s, cst.If):
+                yield from self.statements(s.body)
+                o = s.orelse
+                while o is not None:
+                    yield from self.statements(o.body)
+                    o = o.orelse if isinstance(o, cst.If) else None
+            elif isinstance(s, cst.With):
+                yield s
+                yield from self.statements(s.body)
+            elif isinstance(s, (cst.Try, cst.TryStar)):
+                yield from self.statements(s.body)
+                for h in s.handlers:
+                    yield from self.statements(h.body)
+                if s.orelse is not None:
+                    yield from self.statements(s.orelse.body)
+                if s.finalbody is not None:
+                    yield from self.statements(s.finalbody.body)
+
+    def graph_env(self, loop: cst.CSTNode) -> dict[str, bool]:
+        """Names assigned in ``loop``'s body and whether (after their last assignment in the body) they carry a
+        graph. One pass in source order (two, so that a name assigned late still reaches uses early)."""
+        env: dict[str, bool] = {}
+        for s in self.statements(loop.body):
+            if isinstance(s, cst.Assign):
+                self._bind(s.targets and [t.target for t in s.targets], s.value, env)
+            elif isinstance(s, cst.AnnAssign) and s.value is not None:
+                self._bind([s.target], s.value, env)
+            elif isinstance(s, cst.For):
+                for n in target_names(s.target):
+                    env[n] = False
+            elif isinstance(s, cst.With):
+                for it in s.items:
+                    if it.asname is not None:
+                        for n in target_names(it.asname.name):
+                            env[n] = False
+        return env
+
+    def _bind(self, targets, value: cst.BaseExpression, env: dict[str, bool]) -> None:
+        for t in targets:
+            if isinstance(t, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and \
+                    len(t.elements) == len(value.elements):
+                for te, ve in zip(t.elements, value.elements):
+                    self._bind([te.value], ve.value, env)
+                continue
+            flag = self.carries_graph(value, env)
+            if isinstance(t, (cst.Name, cst.Tuple, cst.List)):
+                for n in target_names(t):
+                    env[n] = flag
+            else:
+                d = dotted(t)
+                if d:
+                    env[d] = flag
+
+    # ------------------------------------------------------------------ tensors
+    def tensorish(self, expr: cst.BaseExpression, env: dict[str, bool]) -> bool:
+        """``expr`` is certainly a tensor (a model output or a torch call), given tensor names in ``env``."""
+        if isinstance(expr, cst.Name):
+            return env.get(expr.value, False)
+        if isinstance(expr, (cst.Attribute, cst.Subscript)):
+            if isinstance(expr, cst.Attribute) and expr.attr.value in ("shape", "dtype", "device", "ndim"):
+                return False
+            return self.tensorish(expr.value, env)
+        if isinstance(expr, cst.BinaryOperation):
+            return self.tensorish(expr.left, env) or self.tensorish(expr.right, env)
+        if isinstance(expr, cst.Call):
+            if self.is_forward(expr):
+                return True
+            func = expr.func
+            q = self.symbols.qualname(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
+            if q and q.startswith("torch.") and not q.startswith(("torch.no_grad", "torch.inference_mode")):
+                last = final(q)
+                if last in ("save", "load", "manual_seed", "device", "is_tensor", "numel", "set_grad_enabled") or \
+                        last[:1].isupper():
+                    return False
+                return True
+            if isinstance(func, cst.Attribute) and q is None:
+                if func.attr.value in ("item", "tolist", "numpy", "size", "dim", "numel", "__len__", "keys",
+                                       "items", "values", "get"):
+                    return False
+                return self.tensorish(func.value, env)
+        return False
+
+
+def get(ctx) -> EvalFlow:
+    """``ctx.evalflow`` when the context has it, else a fresh one (tests)."""
+    flow = getattr(ctx, "_evalflow_cache", None)
+    if flow is None:
+        flow = EvalFlow(ctx.module, ctx.symbols, getattr(ctx, "filename", "") or "")
+        try:
+            ctx._evalflow_cache = flow
+        except Exception:
+            pass
+    return flow
