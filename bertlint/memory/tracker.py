@@ -1,0 +1,175 @@
+"""Tensor accounting: a ``TorchDispatchMode`` that follows every storage an op creates, by category, and
+records the peak. The same tracker runs under ``FakeTensorMode`` (the simulation: nothing is allocated) and
+on real tensors (the benchmark's reference measurement), so the two are compared like for like.
+
+Categories (resolved when the step is over, so a storage's role is known when it is reported):
+- ``parameters``: model parameters and buffers;
+- ``gradients``: the ``.grad`` of parameters (marked by post-accumulate-grad hooks);
+- ``optimizer_states``: storages created by ``optimizer.step()`` that the optimizer keeps in ``.state``;
+- ``activations``: the batch, and storages created in the forward that are still alive when it ends
+  (saved for backward, or held by checkpointing);
+- ``temporaries``: everything else (transients of forward, backward and step; recomputed activations).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporaries")
+CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
+
+
+class _Info:
+    __slots__ = ("nbytes", "cat", "__weakref__")
+
+    def __init__(self, nbytes: int, cat: str) -> None:
+        self.nbytes = nbytes
+        self.cat = cat  # final category, or provisional "fwd" / "opt" / "bwd"
+
+
+def _make_mode_base():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class _Snapshot:
+    __slots__ = ("total", "infos", "phase")
+
+    def __init__(self, total: int, infos: tuple, phase: str) -> None:
+        self.total, self.infos, self.phase = total, infos, phase
+
+    def by_category(self) -> dict[str, int]:
+        out = dict.fromkeys(CATEGORIES, 0)
+        for i in self.infos:
+            out[_final(i.cat)] += i.nbytes
+        return out
+
+
+def _final(cat: str) -> str:
+    if cat in CATEGORIES:
+        return cat
+    return "temporaries"
+
+
+def make_tracker(cuda_rounding: bool):
+    """Return a tracker instance (the class is built lazily so importing this module costs no torch)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    Base = _make_mode_base()
+
+    class StorageTracker(Base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cuda_rounding = cuda_rounding
+            self._known = WeakIdKeyDictionary()  # storage -> (_Info, weakref)
+            self.live: dict[int, _Info] = {}
+            self.total = 0
+            self.phase = "setup"
+            self.peak: _Snapshot | None = None
+            self.phase_peaks: dict[str, _Snapshot] = {}
+            self._hooks: list = []
+
+        # ---- sizes and registration
+        def _size(self, st) -> int:
+            n = int(st.nbytes())
+            if self.cuda_rounding and n:
+                n = math.ceil(n / CUDA_BLOCK) * CUDA_BLOCK
+            return n
+
+        def _gone(self, info: _Info, _ref) -> None:
+            if self.live.pop(id(info), None) is not None:
+                self.total -= info.nbytes
+
+        def register(self, t, cat: str, override: bool = False) -> None:
+            if not isinstance(t, torch.Tensor):
+                return
+            try:
+                st = t.untyped_storage()
+            except Exception:  # tensors without storage (sparse, nested): not followed
+                return
+            entry = self._known.get(st)
+            if entry is not None:
+                info = entry[0]
+                n = self._size(st)
+                if n != info.nbytes and id(info) in self.live:
+                    self.total += n - info.nbytes
+                    info.nbytes = n
+                if override:
+                    info.cat = cat
+                return
+            info = _Info(self._size(st), cat)
+            ref = weakref.ref(st, lambda r, info=info: self._gone(info, r))
+            self._known[st] = (info, ref)
+            self.live[id(info)] = info
+            self.total += info.nbytes
+            self._note_peak()
+
+        def category_of(self, t) -> str | None:
+            entry = self._known.get(t.untyped_storage())
+            return entry[0].cat if entry else None
+
+        def _note_peak(self) -> None:
+            pp = self.phase_peaks.get(self.phase)
+            if pp is None or self.total > pp.total:
+                snap = _Snapshot(self.total, tuple(self.live.values()), self.phase)
+                self.phase_peaks[self.phase] = snap
+                if self.peak is None or self.total > self.peak.total:
+                    self.peak = snap
+
+        # ---- phases
+        def set_phase(self, phase: str) -> None:
+            if self.phase == "forward" and phase != "forward":
+                # what the forward leaves alive is what backward needs: activations
+                for info in self.live.values():
+                    if info.cat == "fwd":
+                        info.cat = "activations"
+            self.phase = phase
+
+        def track_model(self, model) -> None:
+            for p in model.parameters():
+                self.register(p, "parameters", override=True)
+                if p.requires_grad:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+            for b in model.buffers():
+                self.register(b, "parameters", override=True)
+
+        def _on_grad(self, p) -> None:
+            if p.grad is not None:
+                self.register(p.grad, "gradients", override=True)
+
+        def mark_optimizer_states(self, optimizer) -> None:
+            for state in optimizer.state.values():
+                for v in state.values():
+                    if isinstance(v, torch.Tensor):
+                        self.register(v, "optimizer_states", override=True)
+
+        def remove_hooks(self) -> None:
+            for h in self._hooks:
+                h.remove()
+            self._hooks.clear()
+
+        # ---- dispatch
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            cat = {"forward": "fwd", "optimizer": "opt"}.get(self.phase, "bwd")
+            flat, _ = tree_flatten(out)
+            for t in flat:
+                if isinstance(t, torch.Tensor):
+                    self.register(t, cat)
+            return out
+
+        # ---- results
+        def breakdown(self, snap: _Snapshot | None = None) -> dict[str, int]:
+            snap = snap or self.peak
+            return snap.by_category() if snap else dict.fromkeys(CATEGORIES, 0)
+
+    return StorageTracker()
+
+
+__all__ = ["CATEGORIES", "CUDA_BLOCK", "make_tracker"]
+_ = Any
