@@ -453,6 +453,7 @@ class FileSetup:
     training_args: list = field(default_factory=list)  # TrainingArgs
     models: list = field(default_factory=list)  # ModelInfo (every model object found)
     disables_loss_kwargs: Optional[str] = None  # the first text that switches the Trainer's own division on
+    trainer_classes: dict = field(default_factory=dict)  # user subclass name -> {method name: FunctionDef}
 
     @property
     def setups(self) -> list:
@@ -1103,6 +1104,15 @@ class _Builder:
             if ti is not None:
                 fs.trainers.append(ti)
         fs.disables_loss_kwargs = self.disables_loss_kwargs()
+        for name in self.t.classes:
+            if self._subclasses_trainer(name, 0):
+                methods: dict = {}
+                for cls in reversed(self._class_chain(name)):
+                    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+                    for stmt in body:
+                        if isinstance(stmt, cst.FunctionDef):
+                            methods[stmt.name.value] = stmt
+                fs.trainer_classes[name] = methods
         for ti in fs.trainers:
             if ti.model is not None:
                 fs.models.append(ti.model)

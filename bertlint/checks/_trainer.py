@@ -1,0 +1,80 @@
+"""Shared helpers of the Hugging Face Trainer rules (not a rule module: the leading underscore keeps the registry
+from loading it as one)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from bertlint.analysis.symbols import UNKNOWN, code_of
+
+TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMaskedLM", "ForQuestionAnswering",
+              "ForMultipleChoice")
+FAMILIES_5X = ("bert", "roberta", "xlm-roberta", "electra", "deberta-v2", "albert", "distilbert", "modernbert")
+# ModernBert heads that pass **kwargs on to self.loss_function (token-exact, not affected): REFERENCE §1.2
+MODERNBERT_EXACT = ("ForMaskedLM", "ForQuestionAnswering")
+
+
+def loss_ignores_num_items(tv, family: Optional[str], head: Optional[str]) -> Optional[str]:
+    """Why the Trainer will not divide this head's loss by N on target version ``tv``; None if it will.
+
+    5.x: BERT-family task heads declare ``**kwargs`` (so ``model_accepts_loss_kwargs`` is True) but compute a plain
+    mean loss. 4.46.0–4.47.x: the Trainer does not divide the loss of any model that does not consume
+    ``num_items_in_batch`` (all 4.x BERT-family task heads)."""
+    if family is None or head not in TASK_HEADS:
+        return None
+    if tv.at_least("5.0.0"):
+        if family not in FAMILIES_5X:
+            return None
+        if family == "modernbert" and head in MODERNBERT_EXACT:
+            return None
+        return "5x"
+    if tv.between("4.46.0", "4.48.0"):
+        if family == "modernbert":
+            return None
+        return "446"
+    return None
+
+
+def model_phrase(model) -> str:
+    if model is None:
+        return "the model"
+    cls = model.class_name or model.declared_class or "the model"
+    if model.declared_class and model.declared_class.startswith("AutoModel") and model.checkpoint:
+        return f"`{cls}` (`{model.declared_class}.from_pretrained({model.checkpoint!r})`)"
+    return f"`{cls}`"
+
+
+def fmt(v) -> str:
+    if v is UNKNOWN:
+        return "unknown"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def calls_super_compute_loss(fdef: cst.FunctionDef) -> bool:
+    text = code_of(fdef)
+    return "super().compute_loss(" in text or "super(" in text and ".compute_loss(" in text
+
+
+def reads_name(fdef: cst.FunctionDef, name: str) -> bool:
+    """``name`` occurs in the body (not only in the signature)."""
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, node):
+            if node.value == name:
+                found.append(node)
+
+        def visit_Parameters(self, node):
+            return False
+
+    fdef.body.visit(V())
+    return bool(found)
+
+
+def param_names(fdef: cst.FunctionDef) -> tuple[set, bool]:
+    p = fdef.params
+    names = {x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)}
+    has_kwargs = p.star_kwarg is not None
+    return names, has_kwargs

@@ -1,0 +1,98 @@
+"""BL405 trainer-loss-inflated-by-accumulation.
+
+transformers 5.x: every BERT-family task head declares ``**kwargs`` but computes a plain mean loss that ignores
+``num_items_in_batch``; the Trainer sees ``**kwargs``, treats the loss as already scaled and does not divide by N, so
+loss and gradient are N times too large (REFERENCE §1.2, ``exp_trainer_ga_scaling.out``). transformers
+4.46.0–4.47.x do not divide either (``exp_old_trainer_ga_4.46.*.out``). Nothing is reported when the switch that
+restores the division is present, when ``compute_loss_func`` is given, when ``compute_loss``/``training_step`` is
+overridden (BL404 reads overrides), for causal-LM heads and ModernBert MLM/QA (token-exact), or when N is not
+statically > 1.
+"""
+
+from __future__ import annotations
+
+from bertlint.checks._trainer import calls_super_compute_loss, loss_ignores_num_items, model_phrase
+from bertlint.registry import rule
+from bertlint.types import Applicability, Severity
+
+
+@rule(
+    "BL405",
+    "trainer-loss-inflated-by-accumulation",
+    Severity.ERROR,
+    "Trainer + accumulation > 1 + a head that ignores num_items_in_batch: loss and gradients multiplied by N",
+    fix=Applicability.UNSAFE,
+)
+def check(ctx) -> None:
+    if "Trainer" not in ctx.source:
+        return
+    fs = ctx.setup
+    if fs.disables_loss_kwargs:
+        return
+    for ti in fs.trainers:
+        args = ti.args
+        if args is None or ti.model is None:
+            continue
+        n = args.int("gradient_accumulation_steps")
+        if n is None or n <= 1:
+            continue
+        if ti.loss_scaling_override or ti.compute_loss_func is not None or "training_step" in ti.methods:
+            continue
+        cl = ti.compute_loss
+        if cl is not None and not calls_super_compute_loss(cl):
+            continue
+        tv = ctx.versions.transformers
+        kind = loss_ignores_num_items(tv, ti.model.family, ti.model.head)
+        if kind is None:
+            continue
+        model = model_phrase(ti.model)
+        peft = " PEFT wrapping does not shield it (the Trainer inspects the unwrapped model)." if ti.model.peft else ""
+        origin = args.origin("gradient_accumulation_steps")
+        ga_text = f"gradient_accumulation_steps={n}" + ("" if origin == "keyword" else f" ({origin})")
+        fix = None
+        if kind == "5x":
+            escape = (
+                f" or a Trainer subclass with `loss_is_scaled_for_ga = False`" if tv.at_least("5.19.0") else ""
+            )
+            msg = (
+                f"On {tv.describe()}, {model} accepts `**kwargs` but its loss ignores `num_items_in_batch`, so the "
+                f"Trainer treats the loss as already scaled and never divides it by the accumulation steps: with "
+                f"{ga_text} each optimizer step applies the sum of {n} micro-batch mean losses, so loss and "
+                f"gradients are {n}× too large (logged loss ×{n}, gradient clipping at `max_grad_norm` nearly always "
+                f"active, SGD's learning rate effectively ×{n}).{peft} Fix: set "
+                f"`trainer.model_accepts_loss_kwargs = False` after constructing the Trainer{escape}, or pass a "
+                f"`compute_loss_func` that divides the summed loss by `num_items_in_batch` "
+                f"(huggingface/transformers#47688)."
+            )
+            if ti.var and ti.stmt is not None and len(ti.stmt.body) == 1:
+                fix = ctx.fix(
+                    f"Insert `{ti.var}.model_accepts_loss_kwargs = False` after the Trainer is constructed",
+                    [ctx.edit_insert_line_after(ti.stmt, f"{ti.var}.model_accepts_loss_kwargs = False")],
+                    Applicability.UNSAFE,
+                )
+        else:
+            hidden = (
+                " On 4.46.2–4.46.3 the logged loss still looks normal while the gradient is inflated."
+                if tv.between("4.46.2", "4.47.0") else ""
+            )
+            msg = (
+                f"On {tv.describe()}, the Trainer does not divide the loss of {model} (which does not consume "
+                f"`num_items_in_batch`) by the accumulation steps: with {ga_text} the gradient of each optimizer "
+                f"step is the sum of {n} micro-batch means, {n}× too large.{hidden} transformers 4.46.0–4.47.x are "
+                f"affected; 4.48–4.57 divide correctly. Fix: upgrade transformers to ≥ 4.48 (≥ 4.55 also divides "
+                f"the last partial window by its real size); on 5.x also set `trainer.model_accepts_loss_kwargs = "
+                f"False`."
+            )
+        ctx.report(
+            ti.node,
+            msg,
+            fix=fix,
+            data={
+                "accumulation": n,
+                "transformers": tv.text,
+                "version_source": tv.source,
+                "model_class": ti.model.class_name,
+                "kind": kind,
+                "trainer_var": ti.var,
+            },
+        )
