@@ -1,0 +1,45 @@
+"""BL204 fp16-amp-on-half-weights: a Trainer with ``fp16=True`` on a model whose weights are float16
+(``.half()``, ``.to(torch.float16)``, ``dtype=torch.float16``, or a local fp16 checkpoint loaded with transformers 5.x's
+default ``dtype="auto"``). The GradScaler refuses fp16 gradients: ``ValueError: Attempting to unscale FP16
+gradients.`` at the first optimizer step (REFERENCE §1.8, ``exp_gradscaler.out``, ``exp_dtype_auto.out``)."""
+
+from __future__ import annotations
+
+from bertlint.analysis.setup import read_local_config
+from bertlint.registry import rule
+from bertlint.types import Severity
+import os
+
+
+@rule("BL204", "fp16-amp-on-half-weights", Severity.ERROR, "fp16 mixed precision on a model loaded or cast to float16")
+def check(ctx) -> None:
+    if "fp16" not in ctx.source:
+        return
+    tv = ctx.versions.transformers
+    for ti in ctx.setup.trainers:
+        if ti.args is None or ti.model is None or ti.args.get("fp16") is not True:
+            continue
+        if ti.args.get("deepspeed") not in (None,):
+            continue  # DeepSpeed keeps its own fp32 master weights and loss scaler
+        m = ti.model
+        node, how = None, None
+        if m.cast == "float16":
+            node, how = m.cast_node, "is cast to float16"
+        elif m.cast is None and m.dtype == "float16":
+            node, how = m.dtype_node, "is loaded with `dtype=float16`"
+        elif m.cast is None and m.dtype is None and m.from_pretrained and tv.at_least("5.0.0") and m.checkpoint:
+            d = m.checkpoint if os.path.isabs(m.checkpoint) else os.path.join(os.path.dirname(os.path.abspath(ctx.filename)), m.checkpoint)
+            cfg = read_local_config(d) if os.path.isdir(d) else None
+            if cfg and str(cfg.get("dtype") or cfg.get("torch_dtype") or "") in ("float16", "torch.float16"):
+                node, how = m.node, (f"is loaded without `dtype` from a float16 checkpoint: on {tv.describe()} "
+                                     f"`from_pretrained` defaults to `dtype=\"auto\"` and keeps float16")
+        if node is None:
+            continue
+        ctx.report(
+            node,
+            f"The model {how} and the Trainer trains it with `fp16=True`: the weights, hence the gradients, are "
+            f"float16, and the GradScaler stops training at the first optimizer step with `ValueError: Attempting "
+            f"to unscale FP16 gradients.` (even with `max_grad_norm=0`). Fix: keep float32 weights "
+            f"(`dtype=torch.float32`, no `.half()`) and let `fp16=True` autocast, or use `bf16=True` on "
+            f"hardware that supports it.",
+        )

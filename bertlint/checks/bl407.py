@@ -1,0 +1,96 @@
+"""BL407 removed-training-argument: TrainingArguments / Trainer keywords removed in the target transformers version
+(REFERENCE §1.13, ``args_*.txt``, ``exp_removed_args.out``: each raises ``TypeError: ... unexpected keyword``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from bertlint.registry import rule
+from bertlint.types import Applicability, Severity
+
+# name -> (first version without it, replacement text or None, keyword to rename to for a safe fix)
+REMOVED: dict[str, tuple[str, str | None, str | None]] = {
+    "evaluation_strategy": ("4.51.0", "`eval_strategy`", "eval_strategy"),
+    "split_batches": ("4.51.0", "`accelerator_config={\"split_batches\": ...}`", None),
+    "dispatch_batches": ("4.51.0", "`accelerator_config={\"dispatch_batches\": ...}`", None),
+    "use_ipex": ("4.57.0", None, None),
+    "warmup_ratio": ("5.15.0", "`warmup_steps=<ratio below 1>` (a float < 1 is a ratio of the total steps)", None),
+    "logging_dir": ("5.15.0", "the environment variable `TENSORBOARD_LOGGING_DIR`", None),
+    "group_by_length": ("5.2.0", "`train_sampling_strategy=\"group_by_length\"`", None),
+    "overwrite_output_dir": ("5.0.0", None, None),
+    "no_cuda": ("5.0.0", "`use_cpu`", "use_cpu"),
+    "use_mps_device": ("5.0.0", None, None),
+    "per_gpu_train_batch_size": ("5.0.0", "`per_device_train_batch_size`", "per_device_train_batch_size"),
+    "per_gpu_eval_batch_size": ("5.0.0", "`per_device_eval_batch_size`", "per_device_eval_batch_size"),
+    "fp16_backend": ("5.0.0", None, None),
+    "half_precision_backend": ("5.0.0", None, None),
+    "fp16_opt_level": ("5.0.0", None, None),
+    "include_inputs_for_metrics": ("5.0.0", "`include_for_metrics=[\"inputs\"]`", None),
+    "include_tokens_per_second": ("5.0.0", None, None),
+    "save_safetensors": ("5.0.0", None, None),
+    "push_to_hub_token": ("5.0.0", "`hub_token`", "hub_token"),
+    "push_to_hub_model_id": ("5.0.0", "`hub_model_id`", "hub_model_id"),
+    "push_to_hub_organization": ("5.0.0", "`hub_model_id=\"org/name\"`", None),
+    "tpu_num_cores": ("5.0.0", None, None),
+    "tpu_metrics_debug": ("5.0.0", None, None),
+    "past_index": ("5.0.0", None, None),
+    "use_legacy_prediction_loop": ("5.0.0", None, None),
+    "adafactor": ("5.0.0", "`optim=\"adafactor\"`", None),
+    "torchdynamo": ("5.0.0", "`torch_compile_backend`", "torch_compile_backend"),
+    "jit_mode_eval": ("5.0.0", None, None),
+    "ray_scope": ("5.0.0", None, None),
+    "mp_parameters": ("5.0.0", None, None),
+    "fsdp_min_num_params": ("5.0.0", "`fsdp_config={\"min_num_params\": ...}`", None),
+    "fsdp_transformer_layer_cls_to_wrap": ("5.0.0", "`fsdp_config={\"transformer_layer_cls_to_wrap\": [...]}`", None),
+}
+TRAINER_REMOVED = {"tokenizer": ("5.0.0", "`processing_class`", "processing_class")}
+
+
+def _message(kind: str, name: str, removed: str, repl, tv) -> str:
+    what = f"`{kind}({name}=...)`"
+    fix = f"use {repl} instead" if repl else "remove it (no replacement)"
+    return (
+        f"{what} was removed in transformers {removed}; on {tv.describe()} it raises "
+        f"`TypeError: {kind}.__init__() got an unexpected keyword argument '{name}'`. Fix: {fix}."
+    )
+
+
+@rule(
+    "BL407",
+    "removed-training-argument",
+    Severity.ERROR,
+    "TrainingArguments / Trainer keywords removed in the targeted transformers version",
+    fix=Applicability.SAFE,
+)
+def check(ctx) -> None:
+    if "TrainingArguments" not in ctx.source and "Trainer" not in ctx.source:
+        return
+    fs = ctx.setup
+    tv = ctx.versions.transformers
+    for ta in fs.training_args:
+        for name, s in ta.explicit.items():
+            if name not in REMOVED:
+                continue
+            removed, repl, rename = REMOVED[name]
+            if not tv.at_least(removed):
+                continue
+            node = s.node
+            if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == name:
+                fix = None
+                if rename:
+                    fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)])
+                ctx.report(node, _message(ta.class_name, name, removed, repl, tv), fix=fix)
+            elif ta.source_file and node is not None:
+                ctx.report(
+                    node,
+                    f"`{name}` in {ta.source_file} was removed in transformers {removed}; on {tv.describe()} "
+                    f"`HfArgumentParser` rejects the key. Fix: "
+                    + (f"use {repl} instead." if repl else "remove it."),
+                )
+    for ti in fs.trainers:
+        for a in ti.node.args:
+            if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
+                removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
+                if tv.at_least(removed):
+                    fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)])
+                    ctx.report(a, _message("Trainer", a.keyword.value, removed, repl, tv), fix=fix)
