@@ -78,3 +78,53 @@ def param_names(fdef: cst.FunctionDef) -> tuple[set, bool]:
     names = {x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)}
     has_kwargs = p.star_kwarg is not None
     return names, has_kwargs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# activation checkpointing (REFERENCE §1.7, §3.1)
+
+TRAINER_ONLY_KEYS = ("every_n_layers", "offload")
+
+
+def reentrant_of(kwargs, tv, via: str):
+    """Whether checkpointing is reentrant. ``via``: "trainer" (TrainingArguments) or "model" (an enable call).
+    Returns (True | False | None, reason text)."""
+    if kwargs is UNKNOWN:
+        return None, "kwargs not statically known"
+    if via == "trainer" and isinstance(kwargs, dict):
+        rest = {k: v for k, v in kwargs.items() if k not in TRAINER_ONLY_KEYS}
+        kwargs = rest or None
+    if kwargs is None:
+        if tv.at_least("5.0.0"):
+            return False, f"no kwargs: {tv.describe()} uses `use_reentrant=False`"
+        return True, f"no kwargs: {tv.describe()} uses `use_reentrant=True`"
+    if not isinstance(kwargs, dict):
+        return None, "kwargs not a dict"
+    if "use_reentrant" in kwargs:
+        v = kwargs["use_reentrant"]
+        if v is True:
+            return True, "`use_reentrant=True` passed"
+        if v is False:
+            return False, "`use_reentrant=False` passed"
+        return None, "use_reentrant not statically known"
+    return True, "a kwargs dict without `use_reentrant` replaces transformers' default and torch falls back to reentrant"
+
+
+def checkpointing_sites(setup, tv):
+    """[(node, kwargs, via, reentrant, reason)] for one TrainingSetup: TrainingArguments flags and enable calls."""
+    out = []
+    a, m = setup.args, setup.model
+    if m is not None:
+        for c in m.checkpointing:
+            r, why = reentrant_of(c.kwargs, tv, "model")
+            out.append((c.node, c.kwargs, "model", r, why))
+    if a is not None:
+        for flag, kw in (("gradient_checkpointing", "gradient_checkpointing_kwargs"),
+                         ("activation_checkpointing", "activation_checkpointing_kwargs")):
+            if a.get(flag) is True:
+                kws = a.get(kw)
+                if flag == "gradient_checkpointing" and a.setting(kw) is None and a.setting("activation_checkpointing_kwargs") is not None:
+                    kws = a.get("activation_checkpointing_kwargs")
+                r, why = reentrant_of(kws, tv, "trainer")
+                out.append((a.keyword_node(flag) or a.node, kws, "trainer", r, why))
+    return out

@@ -1,0 +1,52 @@
+"""BL303 reentrant-checkpointing-frozen-inputs: reentrant checkpointing whose inputs come from frozen modules (frozen
+embeddings, PEFT) with no input-grad hook: the checkpointed layers get no gradient (REFERENCE §1.7,
+``exp_checkpointing.out`` [3], ``exp_peft_checkpointing.out``: LoRA-B with a gradient 4/4 -> 0/4).
+
+transformers ≥ 5.0 installs the input-grad hook itself for text models, so only < 5.0 is reported."""
+
+from __future__ import annotations
+
+from bertlint.checks._trainer import checkpointing_sites
+from bertlint.registry import rule
+from bertlint.types import Severity
+
+
+@rule("BL303", "reentrant-checkpointing-frozen-inputs", Severity.ERROR,
+      "reentrant checkpointing with frozen inputs and no input-grad hook: checkpointed layers get no gradient")
+def check(ctx) -> None:
+    if "checkpointing" not in ctx.source:
+        return
+    tv = ctx.versions.transformers
+    if tv.at_least("5.0.0"):
+        return
+    for s in ctx.setup.setups:
+        m = s.model
+        if m is None or m.input_require_grads or (m.family is None and not m.from_pretrained):
+            continue
+        frozen = None
+        if m.frozen_inputs:
+            frozen = "the embeddings are frozen (`requires_grad=False`)"
+        elif m.peft or m.kbit:
+            frozen = "PEFT freezes the base model, embeddings included"
+        if frozen is None:
+            continue
+        if (m.peft or m.kbit) and m.peft_node is not None and not m.frozen_inputs:
+            peft_row = ctx.span(m.peft_node)[0].row
+            # PEFT installs the input-grad hook when checkpointing was already on when it wrapped the model
+            if any(ctx.span(c.node)[0].row < peft_row for c in m.checkpointing):
+                continue
+        if m.kbit and not m.peft:
+            continue  # prepare_model_for_kbit_training enables checkpointing and the input-grad hook itself
+        for node, kwargs, via, reentrant, why in checkpointing_sites(s, tv):
+            if reentrant is not True:
+                continue
+            ctx.report(
+                node,
+                f"Reentrant activation checkpointing ({why}) while {frozen}, and no input-grad hook: the hidden "
+                f"states entering each checkpointed layer do not require grad, so the layers inside it (encoder "
+                f"weights, LoRA adapters) get no gradient — only the warning `None of the inputs have "
+                f"requires_grad=True. Gradients will be None` shows it. Fix: "
+                f"`gradient_checkpointing_kwargs={{\"use_reentrant\": False}}`, or call "
+                f"`model.enable_input_require_grads()` before training.",
+            )
+            break
