@@ -907,3 +907,73 @@ def get(ctx) -> EvalFlow:
         except Exception:
             pass
     return flow
+
+
+# ---------------------------------------------------------------------- helpers on top of EvalFlow used by rules
+def forward_receiver(call: cst.Call) -> Optional[str]:
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        func = func.value
+    return dotted(func)
+
+
+def frozen(flow: EvalFlow, receiver: str) -> bool:
+    """``receiver`` is frozen in this file (``X.requires_grad_(False)`` or ``for p in X.parameters():
+    p.requires_grad = False``): its forward records no graph even with grad on."""
+    root = receiver
+    for c in flow.calls_by_final.get("requires_grad_", []):
+        if isinstance(c.func, cst.Attribute) and c.args and literal(c.args[0].value) is False:
+            r = dotted(c.func.value) or ""
+            if r == root:
+                return True
+            # model.eval().requires_grad_(False) / model.requires_grad_(False) chained
+            if isinstance(c.func.value, cst.Call) and forward_receiver_chain(c.func.value) == root:
+                return True
+    for loop in flow.loops:
+        if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call):
+            it = loop.iter
+            if isinstance(it.func, cst.Attribute) and it.func.attr.value in ("parameters", "named_parameters"):
+                if dotted(it.func.value) == root:
+                    code = flow.module.code_for_node(loop.body)
+                    if re.search(r"requires_grad\s*=\s*False|requires_grad_\(\s*False", code):
+                        return True
+    return False
+
+
+def forward_receiver_chain(call: cst.Call) -> Optional[str]:
+    """``model`` for ``model.eval()`` / ``model.to(d).eval()``."""
+    cur: cst.BaseExpression = call
+    while isinstance(cur, cst.Call) and isinstance(cur.func, cst.Attribute):
+        cur = cur.func.value
+    return dotted(cur)
+
+
+def eval_reason(flow: EvalFlow, loop: cst.CSTNode, receivers: Iterable[str]) -> Optional[str]:
+    """Why ``loop`` is an evaluation loop (text for messages), or None."""
+    scope = flow.scope_of(loop)
+    ev = flow.eval_mode_before(loop, receivers)
+    if ev is not None:
+        return f"after `{flow.module.code_for_node(ev)}`"
+    if flow.eval_name(scope):
+        return f"in `{scope.name.value}()`"
+    return None
+
+
+def torch_alias(symbols: SymbolTable) -> Optional[str]:
+    """The local name bound to the ``torch`` module, if any."""
+    if symbols.imports.get("torch") == "torch":
+        return "torch"
+    for local, q in symbols.imports.items():
+        if q == "torch":
+            return local
+    return None
+
+
+def no_grad_expr(symbols: SymbolTable) -> Optional[str]:
+    t = torch_alias(symbols)
+    if t:
+        return f"{t}.no_grad()"
+    for local, q in symbols.imports.items():
+        if q in ("torch.no_grad", "torch.autograd.no_grad"):
+            return f"{local}()"
+    return None
