@@ -1,53 +1,89 @@
-"""BL101 optimizer-step-not-delayed — first, simple version proving the pipeline.
-The loop-analysis issue replaces it with one reading ``ctx.loops``."""
+"""BL101 optimizer-step-not-delayed: the optimizer steps on every micro-batch of a loop that accumulates.
+
+Reads ``ctx.loops``. Accumulation evidence (one is enough): the loss is divided by an accumulation factor,
+another call of the loop (``zero_grad``, ``scheduler.step``, ``scaler.update``) runs once per window, or an
+``Accelerator(gradient_accumulation_steps=N)`` divides the loss in ``accelerator.backward`` while no
+``accumulate()`` context delays the step. Not flagged: steps inside ``accelerator.accumulate()`` (the prepared
+optimizer is a no-op off the sync step), DeepSpeed ``engine.step()`` (must run every micro-batch), Trainer and
+Lightning loops (the framework steps)."""
 
 from __future__ import annotations
 
-import libcst as cst
-
-from bertlint.analysis.symbols import call_name
+from bertlint.checks import _ga
 from bertlint.registry import rule
-from bertlint.types import Severity
+from bertlint.types import Applicability, Severity
 
 
-class _Finder(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.loops: list[cst.For] = []
-
-    def visit_For(self, node: cst.For) -> None:
-        self.loops.append(node)
-
-
-def _direct_calls(body: cst.BaseSuite):
-    """Expression-statement calls directly in the loop body (not under an `if`)."""
-    if not isinstance(body, cst.IndentedBlock):
-        return
-    for stmt in body.body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-                    yield stmt, small.value
+def evidence(ctx, loop):
+    """Why we believe the loop accumulates: a short phrase, or None."""
+    f = ctx.loops
+    divs = [d for d in loop.loss_divisions() if d.seq <= max((b.seq for b in loop.backwards), default=0) or d.in_backward_arg]
+    if divs:
+        return f"the loss is divided by `{divs[0].divisor_text}`", divs[0].divisor
+    for e in loop.of("opt_zero", "model_zero", "sched_step", "scaler_update"):
+        for g in e.frequency_gates:
+            if g.on_boundary and g.kind in ("modulo", "counter") and not _ga._logging(g.modulus_text or ""):
+                return f"`{e.name}()` runs only when `{g.text}`", g.modulus
+    if loop.owner == "accelerate-manual" and f.accelerator_ga is not None and f.accelerator_ga.is_more_than_one() is not False:
+        a = f.accelerator_ga
+        return (f"`Accelerator` is configured with {a.shown} accumulation steps, so `accelerator.backward` divides "
+                f"the loss by {a.n}, but no `with accelerator.accumulate(model):` delays the step"), a.expr
+    return None
 
 
 @rule(
     "BL101",
     "optimizer-step-not-delayed",
     Severity.ERROR,
-    "optimizer.step() runs on every micro-batch of a loop that accumulates",
+    "optimizer.step() / scaler.step() runs on every micro-batch of a loop that accumulates",
+    fix=Applicability.UNSAFE,
 )
 def check(ctx) -> None:
-    f = _Finder()
-    ctx.module.visit(f)
-    for loop in f.loops:
-        calls = list(_direct_calls(loop.body))
-        names = [call_name(c) or "" for _, c in calls]
-        if not any(n.endswith(".backward") for n in names):
+    for loop in ctx.loops:
+        if loop.owner not in _ga.PLAIN_OWNERS:
             continue
-        has_div = "/ " in ctx.module.code_for_node(loop.body) and "accum" in ctx.module.code_for_node(loop.body)
-        for (stmt, call), name in zip(calls, names):
-            if name.endswith("optimizer.step") and has_div:
-                ctx.report(
-                    call,
-                    "`optimizer.step()` runs on every micro-batch while the loss is divided for accumulation: "
-                    "each update sees one micro-batch. Call it only when `(i + 1) % N == 0`.",
+        if not loop.backwards or not all(b.per_micro_batch for b in loop.backwards):
+            continue
+        ev = evidence(ctx, loop)
+        if ev is None:
+            continue
+        why, _ = ev
+        n = _ga.times(loop)
+        for e in loop.steps:
+            if not e.per_micro_batch:
+                continue
+            if e.kind == "opt_step" and any(s.kind == "scaler_step" for s in loop.steps):
+                continue
+            gate_txt = None
+            for o in loop.events:
+                for g in o.frequency_gates:
+                    if g.on_boundary and g.kind == "modulo":
+                        gate_txt = g.text
+                        break
+                if gate_txt:
+                    break
+            if gate_txt is None and loop.index is not None:
+                gate_txt = f"({loop.index.name} + 1) % {_ga.n_text(loop)} == 0"
+            fix = None
+            st = _ga.stmt_of(e)
+            if st is not None and gate_txt and not e.via:
+                body = _ga.code_of(st.body[0]).strip()
+                indent = ctx.indent_of(st)
+                start, end = ctx.span(st)
+                from bertlint.types import Edit, Position
+
+                fix = ctx.fix(
+                    f"Run `{e.name}()` only on the window's last micro-batch",
+                    [Edit(f"if {gate_txt}:\n{indent}    {body}", start, Position(end.row, end.column))],
+                    Applicability.UNSAFE,
                 )
+            ctx.report(
+                e.call,
+                f"`{e.name}()` runs on every micro-batch although the loop accumulates gradients ({why}): each "
+                f"update sees one micro-batch instead of {n} (effective batch = micro-batch, not micro-batch × {n}), "
+                f"and a divided loss makes every update {n}× too small. Step (and zero the gradients) only when "
+                f"`{gate_txt or '(step + 1) % N == 0'}`, or let `accelerator.accumulate(model)` do it.",
+                fix=fix,
+                severity=_ga.sev(e),
+                data={"n": loop.accum().value if loop.accum() else None, "loop_line": ctx.span(loop.node)[0].row},
+            )

@@ -1,0 +1,1386 @@
+"""One model per training loop, shared by every accumulation / mixed-precision rule (BL1xx, BL2xx).
+
+A *training loop* is a ``for`` / ``while`` loop whose body runs a backward — directly, or through a function
+or method defined in the same file — and that contains no inner loop that itself runs the backward (that
+inner loop is then the micro-batch loop and the outer one is the epoch loop).
+
+For each training loop the model records, in program order, every relevant call (optimizer / scheduler /
+GradScaler / clipping / zero_grad / backward / DeepSpeed engine) as an :class:`Event` carrying the chain of
+:class:`Gate` conditions under which it runs, the context managers around it (``accelerator.accumulate``,
+``no_sync``), the loss divisions seen, the micro-batch index and hand counters, and who owns accumulation.
+
+Everything is resolved from the import table of :mod:`bertlint.analysis.symbols` (no ScopeProvider /
+QualifiedNameProvider). Anything the analysis cannot understand yields no facts, never an exception; rules
+read only positive facts, so unknown code produces no finding.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Union
+
+import libcst as cst
+
+from bertlint.analysis.symbols import (
+    UNKNOWN,
+    SymbolTable,
+    Resolver,
+    call_name,
+    code_of,
+    dotted,
+    kwarg,
+    positional,
+)
+
+LoopNode = Union[cst.For, cst.While]
+
+# names that denote an accumulation factor
+ACCUM_RE = re.compile(
+    r"accum|grad_acc|gradient_acc|(^|[._])gas($|[._])|(^|[._])ga_steps|update_freq|accumulate_grad_batches|"
+    r"(^|[._])n_accum|micro_steps_per|(^|[._])accum_iter",
+    re.IGNORECASE,
+)
+LOG_RE = re.compile(r"log|eval|save|print|report|checkpoint|ckpt|display|valid", re.IGNORECASE)
+LAST_RE = re.compile(r"last|is_end|end_of|final", re.IGNORECASE)
+
+OPT_NAME_RE = re.compile(r"^(opt|optim|optimizer|optimiser|.*_optimizer|optimizer_.*|.*_opt)$", re.IGNORECASE)
+SCHED_NAME_RE = re.compile(r"^(sched|scheduler|lr_scheduler|.*_scheduler|scheduler_.*|lr_sched|.*_sched)$", re.I)
+SCALER_NAME_RE = re.compile(r"^(scaler|grad_scaler|.*_scaler|amp_scaler)$", re.IGNORECASE)
+ACCEL_NAME_RE = re.compile(r"^(accelerator|accel)$")
+
+_OPT_MODULES = (
+    "torch.optim.",
+    "bitsandbytes.optim.",
+    "deepspeed.ops.adam.",
+    "deepspeed.ops.lamb.",
+    "apex.optimizers.",
+    "transformers.optimization.Adafactor",
+    "transformers.optimization.AdamW",
+    "transformers.AdamW",
+    "transformers.Adafactor",
+    "torch_optimizer.",
+    "timm.optim.",
+    "lion_pytorch.",
+)
+
+
+# ---------------------------------------------------------------------------------------------- data model
+@dataclass
+class AccumFactor:
+    """An accumulation factor: the expression, its source text and its value when it resolves."""
+
+    text: str
+    value: Optional[int]  # resolved integer, None when unknown
+    source: str  # "gate" | "division" | "accelerator" | "plugin" | "deepspeed-plugin" | "trainer" | ...
+    expr: Optional[cst.BaseExpression] = field(default=None, repr=False)
+
+    @property
+    def shown(self) -> str:
+        """``args.gradient_accumulation_steps`` (= 8), or the text alone when unresolved."""
+        if self.value is not None and self.text != str(self.value):
+            return f"`{self.text}` (= {self.value})"
+        return f"`{self.text}`"
+
+    @property
+    def n(self) -> str:
+        return str(self.value) if self.value is not None else self.text
+
+    def is_more_than_one(self) -> Optional[bool]:
+        """True when > 1, False when resolved to 1 (or 0), None when unknown."""
+        if self.value is None:
+            return None
+        return self.value > 1
+
+
+@dataclass
+class Gate:
+    """One condition an event runs under. ``kind``:
+
+    - ``modulo``: ``X % M == 0`` / ``!= 0`` on a loop-varying X (``boundary`` tells which side we are on)
+    - ``sync``: ``accelerator.sync_gradients`` ; ``boundary``: ``engine.is_gradient_accumulation_boundary()``
+    - ``counter``: a comparison with an accumulation-named value (``if acc_count == N``)
+    - ``last``: only an end-of-data test (``i + 1 == len(dl)``)
+    - ``invariant``: a test on names the loop never assigns (``if args.fp16``): no effect on frequency
+    - ``loop``: the event sits in a nested loop
+    - ``unknown``: anything else
+    """
+
+    kind: str
+    node: Optional[cst.CSTNode]
+    negated: bool = False
+    index_text: Optional[str] = None  # "step", "global_step", "self.step"
+    offset: int = 0  # the ``+ 1`` in ``(i + 1) % N``
+    modulus: Optional[cst.BaseExpression] = None
+    modulus_text: Optional[str] = None
+    eq_zero: bool = True  # ``== 0`` (True) or ``!= 0`` (False)
+    last_clause: bool = False  # ``or i + 1 == len(dl)`` / ``or is_last``
+    extra: bool = False  # combined with ``and`` other conditions
+
+    @property
+    def is_frequency(self) -> bool:
+        return self.kind in ("modulo", "sync", "boundary", "counter")
+
+    @property
+    def on_boundary(self) -> bool:
+        """True when the gate fires on the window's last micro-batch (not on the others)."""
+        if self.kind == "modulo":
+            return self.eq_zero != self.negated
+        if self.kind in ("sync", "boundary", "counter"):
+            return not self.negated
+        return False
+
+    @property
+    def text(self) -> str:
+        return code_of(self.node).strip() if self.node is not None else ""
+
+
+@dataclass
+class Event:
+    kind: str
+    # backward | opt_step | opt_zero | model_zero | sched_step | clip | scaler_scale | scaler_unscale | scaler_step
+    # | scaler_update | engine_step | engine_zero | forward
+    call: cst.Call
+    stmt: Optional[cst.CSTNode]  # the statement line holding the call
+    gates: tuple[Gate, ...]
+    seq: int
+    receiver: Optional[str] = None  # "optimizer", "scaler", "accelerator"
+    receiver_kind: Optional[str] = None  # kind of the receiver (optimizer, scheduler, scaler, accelerator, engine ...)
+    confident: bool = True  # False when the receiver was recognised by its name only
+    in_accumulate: bool = False
+    in_no_sync: bool = False
+    via: tuple[str, ...] = ()  # same-file functions the call was reached through
+    arg: Optional[cst.BaseExpression] = None  # backward's loss expression / clip's first argument
+    backward_style: Optional[str] = None  # tensor | scaler | accelerator | engine | fabric | lightning | autograd
+    block: Optional[list] = None  # the statement list the stmt lives in (for fixes)
+
+    @property
+    def frequency_gates(self) -> list[Gate]:
+        return [g for g in self.gates if g.is_frequency]
+
+    @property
+    def per_micro_batch(self) -> bool:
+        """Runs on every micro-batch: only loop-invariant conditions above it."""
+        return all(g.kind == "invariant" for g in self.gates)
+
+    @property
+    def per_window(self) -> bool:
+        """Runs once per window: under a frequency gate on its boundary side."""
+        fg = self.frequency_gates
+        return bool(fg) and all(g.on_boundary for g in fg) and not any(g.kind in ("loop",) for g in self.gates)
+
+    @property
+    def inverse(self) -> bool:
+        """Runs on the micro-batches that are NOT the window's last (an inverted gate)."""
+        fg = self.frequency_gates
+        return bool(fg) and any(not g.on_boundary for g in fg)
+
+    @property
+    def frequency(self) -> str:
+        if self.per_micro_batch:
+            return "per-micro-batch"
+        if self.per_window:
+            return "per-window"
+        return "other"
+
+    @property
+    def name(self) -> str:
+        return call_name(self.call) or code_of(self.call.func)
+
+
+@dataclass
+class Division:
+    var: Optional[str]  # the variable divided (``loss``) or None for an inline division
+    divisor: cst.BaseExpression
+    divisor_text: str
+    node: cst.CSTNode  # the BinaryOperation / AugAssign
+    seq: int
+    gates: tuple[Gate, ...] = ()
+    in_backward_arg: bool = False
+
+
+@dataclass
+class Counter:
+    name: str
+    node: cst.CSTNode
+    seq: int
+    gates: tuple[Gate, ...]
+    init: Optional[int] = None
+
+    @property
+    def per_micro_batch(self) -> bool:
+        return all(g.kind == "invariant" for g in self.gates)
+
+
+@dataclass
+class Index:
+    name: str
+    start: Optional[int]  # first value seen at the top of the body (enumerate start, range start, counter init)
+    source: str  # "enumerate" | "range" | "counter"
+
+
+@dataclass
+class TrainingLoop:
+    node: LoopNode
+    func: Optional[cst.FunctionDef]
+    cls: Optional[cst.ClassDef]
+    events: list[Event] = field(default_factory=list)
+    divisions: list[Division] = field(default_factory=list)
+    counters: list[Counter] = field(default_factory=list)
+    index: Optional[Index] = None
+    accum_adds: list[tuple[str, cst.CSTNode, int, tuple]] = field(default_factory=list)  # total += loss
+    no_sync_blocks: list[tuple[cst.With, str, bool, bool]] = field(default_factory=list)  # (with, recv, fwd, bwd)
+    outer: list[LoopNode] = field(default_factory=list)
+    accumulate_used: bool = False
+    accumulate_calls: list = field(default_factory=list)  # the ``accelerator.accumulate(...)`` calls
+    callees: list = field(default_factory=list)  # same-file functions walked as part of the body
+    no_sync_gates: dict = field(default_factory=dict)  # id(with) -> gates of the with statement
+    accelerate_receivers: set = field(default_factory=set)
+    test_seq: dict = field(default_factory=dict)  # id(gate node) -> seq of the test
+    file: Optional["FileLoops"] = None
+    assigned: set = field(default_factory=set)  # names assigned in the loop body
+
+    # ---------------------------------------------------------------- queries
+    def of(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def backwards(self) -> list[Event]:
+        return self.of("backward")
+
+    @property
+    def steps(self) -> list[Event]:
+        """The optimizer-step events (``optimizer.step()`` or ``scaler.step(optimizer)``)."""
+        return self.of("opt_step", "scaler_step")
+
+    @property
+    def owner(self) -> str:
+        """Who owns accumulation: accelerate | deepspeed | fabric | lightning | trainer | plain."""
+        bw = self.backwards
+        if any(e.in_accumulate for e in self.events):
+            return "accelerate"
+        if any(e.backward_style == "engine" for e in bw):
+            return "deepspeed"
+        if any(e.backward_style == "lightning" for e in bw):
+            return "lightning"
+        if self.cls is not None and self.file is not None and self.file.is_trainer_class(self.cls):
+            return "trainer"
+        if any(e.backward_style == "fabric" for e in bw):
+            return "fabric"
+        if any(e.backward_style == "accelerator" for e in bw):
+            return "accelerate-manual"
+        return "plain"
+
+    @property
+    def window_gates(self) -> list[Gate]:
+        out = []
+        for e in self.steps:
+            out.extend(g for g in e.frequency_gates)
+        return out
+
+    def step_gated(self) -> bool:
+        steps = self.steps
+        return bool(steps) and all(e.per_window for e in steps)
+
+    def step_ungated(self) -> bool:
+        steps = self.steps
+        return bool(steps) and any(e.per_micro_batch for e in steps)
+
+    def loss_divisions(self) -> list[Division]:
+        """Divisions that look like ``loss / N``: the divisor is an accumulation factor."""
+        out = []
+        f = self.file
+        for d in self.divisions:
+            if f is not None and f.is_accum_expr(d.divisor, self):
+                out.append(d)
+        return out
+
+    def any_division(self) -> bool:
+        return bool(self.divisions)
+
+    def accum(self) -> Optional[AccumFactor]:
+        """The accumulation factor N of this loop: a step-gate modulus, a loss divisor, the Accelerator's."""
+        f = self.file
+        cands: list[AccumFactor] = []
+        for g in self.window_gates:
+            if g.kind == "modulo" and g.modulus is not None and not (g.modulus_text and LOG_RE.search(g.modulus_text)):
+                cands.append(f.factor(g.modulus, "gate", self.func))
+        for d in self.loss_divisions():
+            cands.append(f.factor(d.divisor, "division", self.func))
+        if self.owner in ("accelerate", "accelerate-manual") and f.accelerator_ga is not None:
+            cands.append(f.accelerator_ga)
+        for c in cands:
+            if c.value is not None and c.value > 1:
+                return c
+        for c in cands:
+            if c.value is None:
+                return c
+        return cands[0] if cands else None
+
+    def index_start_at(self, gate: Gate) -> Optional[int]:
+        """First value of ``gate``'s index expression (with its ``+ 1``) at the test, when known."""
+        if gate.index_text is None:
+            return None
+        name = gate.index_text
+        if self.index is not None and self.index.name == name and self.index.source in ("enumerate", "range"):
+            return None if self.index.start is None else self.index.start + gate.offset
+        for c in self.counters:
+            if c.name == name and c.per_micro_batch:
+                if c.init is None:
+                    return None
+                test_seq = self.test_seq.get(id(gate.node))
+                if test_seq is None:
+                    return None
+                before = c.seq < test_seq
+                return c.init + (1 if before else 0) + gate.offset
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- collection
+class _Collector(cst.CSTVisitor):
+    """One walk: loops with their function / class, tuple-unpacking assignments, calls of interest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loops: list[tuple[LoopNode, Optional[cst.FunctionDef], Optional[cst.ClassDef], list[LoopNode]]] = []
+        self.unpacks: list[tuple[list[Optional[str]], cst.Call, Optional[cst.FunctionDef]]] = []
+        self.calls: list[tuple[cst.Call, str, Optional[cst.FunctionDef]]] = []
+        self.method_class: dict[int, cst.ClassDef] = {}
+        self.class_methods: dict[str, dict[str, cst.FunctionDef]] = {}
+        self.func_stack: list[cst.FunctionDef] = []
+        self.class_stack: list[cst.ClassDef] = []
+        self.loop_stack: list[LoopNode] = []
+        self.module_funcs: dict[str, list[cst.FunctionDef]] = {}
+        self.exotic = False  # exec/eval present
+        self.scope: list = []
+        self.saved_loops: list = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.class_stack.append(node)
+        self.scope.append(node)
+        self.class_methods.setdefault(node.name.value, {})
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.class_stack.pop()
+        self.scope.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        parent = self.scope[-1] if self.scope else None
+        if isinstance(parent, cst.ClassDef):
+            self.method_class[id(node)] = parent
+            self.class_methods[parent.name.value][node.name.value] = node
+        elif parent is None:
+            self.module_funcs.setdefault(node.name.value, []).append(node)
+        self.scope.append(node)
+        self.func_stack.append(node)
+        self.saved_loops.append(self.loop_stack)
+        self.loop_stack = []
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.func_stack.pop()
+        self.scope.pop()
+        self.loop_stack = self.saved_loops.pop()
+
+    def _loop(self, node: LoopNode) -> None:
+        func = self.func_stack[-1] if self.func_stack else None
+        cls = self.method_class.get(id(func)) if func is not None else None
+        self.loops.append((node, func, cls, list(self.loop_stack)))
+        self.loop_stack.append(node)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._loop(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loop_stack.pop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._loop(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self.loop_stack.pop()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, cst.Call):
+            for t in node.targets:
+                if isinstance(t.target, (cst.Tuple, cst.List)):
+                    names = []
+                    for el in t.target.elements:
+                        names.append(dotted(el.value) if not isinstance(el, cst.StarredElement) else None)
+                    self.unpacks.append((names, node.value, self.func_stack[-1] if self.func_stack else None))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = call_name(node)
+        if name:
+            self.calls.append((node, name, self.func_stack[-1] if self.func_stack else None))
+            if name in ("exec", "eval"):
+                self.exotic = True
+
+
+class FileLoops:
+    """All training loops of one file plus the file-level facts rules need. Iterating yields the loops."""
+
+    def __init__(self, module: cst.Module, symbols: SymbolTable, resolver: Resolver) -> None:
+        self.module = module
+        self.t = symbols
+        self.r = resolver
+        c = _Collector()
+        try:
+            module.visit(c)
+        except RecursionError:
+            c = _Collector()
+        self.c = c
+        self.loops: list[TrainingLoop] = []
+        self.kinds: dict[str, str] = {}  # variable -> kind (optimizer, scheduler, scaler, accelerator, engine ...)
+        self.prepared: set[str] = set()  # names produced by accelerator.prepare
+        self.accelerator_calls: list[cst.Call] = []
+        self.accelerator_ga: Optional[AccumFactor] = None  # None = not configured
+        self.accelerator_ga_unknown = False  # **kwargs or a plugin we could not read
+        self.accelerator_deepspeed: Optional[cst.CSTNode] = None  # DeepSpeedPlugin in code
+        self.deepspeed_initialize: list[cst.Call] = []
+        self.ddp_wrapped: set[str] = set()
+        self.ddp_calls: list[cst.Call] = []
+        self.lightning_trainer_calls: list[cst.Call] = []
+        self.scheduler_defs: dict[str, list[cst.Call]] = {}
+        self.scaler_defs: dict[str, list[cst.Call]] = {}
+        self.no_sync_used = False
+        self._backward_memo: dict[int, bool] = {}
+        self._func_of_node: dict[int, Optional[cst.FunctionDef]] = {}
+        try:
+            self._classify_receivers()
+            self._build_loops()
+        except RecursionError:
+            self.loops = []
+
+    def __iter__(self) -> Iterator[TrainingLoop]:
+        return iter(self.loops)
+
+    def __len__(self) -> int:
+        return len(self.loops)
+
+    # ------------------------------------------------------------------ receivers: who is who
+    def constructor_kind(self, call: cst.Call) -> Optional[str]:
+        q = self.t.qualname(call.func) or ""
+        name = call_name(call) or ""
+        last = name.split(".")[-1]
+        if not q:
+            return None
+        if q.startswith("torch.optim.lr_scheduler.") or q.startswith("torch.optim.swa_utils.SWALR"):
+            return "scheduler"
+        if re.match(r"^transformers(\.optimization)?\.get_\w*schedule\w*$", q) or q in (
+            "transformers.get_scheduler",
+            "transformers.optimization.get_scheduler",
+        ):
+            return "scheduler"
+        if q.endswith("GradScaler") and q.startswith(("torch.", "apex")):
+            return "scaler"
+        if q in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"):
+            return "accelerator"
+        if q in ("lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric", "lightning.fabric.fabric.Fabric"):
+            return "fabric"
+        if q.endswith("DistributedDataParallel") or q == "torch.nn.parallel.DDP":
+            return "ddp"
+        if q.startswith(_OPT_MODULES) and last[:1].isupper() and "lr_scheduler" not in q:
+            return "optimizer"
+        return None
+
+    def _classify_receivers(self) -> None:
+        t = self.t
+        # plain assignments x = Ctor(...)
+        for name, assigns in t.assignments.items():
+            kinds = set()
+            for a in assigns:
+                v = a.value
+                if isinstance(v, cst.Call):
+                    k = self.constructor_kind(v)
+                    kinds.add(k)
+                    if k == "scheduler":
+                        self.scheduler_defs.setdefault(name, []).append(v)
+                    if k == "scaler":
+                        self.scaler_defs.setdefault(name, []).append(v)
+                    if k == "ddp":
+                        self.ddp_wrapped.add(name)
+                else:
+                    kinds.add(None)
+            known = {k for k in kinds if k}
+            if len(known) == 1:
+                self.kinds[name] = known.pop()
+        # accelerate / deepspeed / fabric unpacking
+        for names, call, func in self.c.unpacks:
+            cname = call_name(call) or ""
+            recv = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+            q = self.t.qualname(call.func) or ""
+            if q == "deepspeed.initialize" or cname == "deepspeed.initialize":
+                self.deepspeed_initialize.append(call)
+                roles = ["engine", "ds_optimizer", "ds_dataloader", "ds_scheduler"]
+                for n, role in zip(names, roles):
+                    if n:
+                        self.kinds[n] = role
+                continue
+            if cname.endswith(".prepare") and recv and (self.kinds.get(recv) == "accelerator" or recv == "accelerator"):
+                args = [a.value for a in call.args if a.keyword is None and not a.star]
+                for n, a in zip(names, args):
+                    if not n:
+                        continue
+                    self.prepared.add(n)
+                    k = self._expr_kind(a)
+                    if k:
+                        self.kinds[n] = k
+                continue
+            if cname.endswith(".setup") and recv and self.kinds.get(recv) == "fabric":
+                args = [a.value for a in call.args if a.keyword is None and not a.star]
+                for n, a in zip(names, args):
+                    k = self._expr_kind(a) if n else None
+                    if n and k:
+                        self.kinds[n] = k
+        for call, name, func in self.c.calls:
+            q = self.t.qualname(call.func) or ""
+            if q in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"):
+                self.accelerator_calls.append(call)
+            elif q.endswith("DistributedDataParallel"):
+                self.ddp_calls.append(call)
+            elif q in ("lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer", "pl.Trainer") or (
+                q.endswith(".Trainer") and q.startswith(("lightning", "pytorch_lightning"))
+            ):
+                self.lightning_trainer_calls.append(call)
+            elif q.endswith("DeepSpeedPlugin") and q.startswith("accelerate"):
+                self.accelerator_deepspeed = call
+            if name.endswith(".no_sync") or name.endswith("no_backward_sync"):
+                self.no_sync_used = True
+        for call in self.accelerator_calls:
+            self._read_accelerator(call)
+
+    def _expr_kind(self, expr: cst.BaseExpression) -> Optional[str]:
+        if isinstance(expr, cst.Call):
+            return self.constructor_kind(expr)
+        d = dotted(expr)
+        if d is None:
+            return None
+        return self.kinds.get(d)
+
+    def _resolve_call(self, expr: Optional[cst.BaseExpression]) -> Optional[cst.Call]:
+        if isinstance(expr, cst.Call):
+            return expr
+        d = dotted(expr) if expr is not None else None
+        if d:
+            assigns = self.t.assignments.get(d, [])
+            calls = [a.value for a in assigns if isinstance(a.value, cst.Call)]
+            if len(calls) == 1 and len(assigns) == 1:
+                return calls[0]
+        return None
+
+    def _read_accelerator(self, call: cst.Call) -> None:
+        if any(a.star == "**" for a in call.args):
+            self.accelerator_ga_unknown = True
+        ga = kwarg(call, "gradient_accumulation_steps")
+        if ga is not None:
+            self.accelerator_ga = self.factor(ga, "accelerator", None)
+        plugin = self._resolve_call(kwarg(call, "gradient_accumulation_plugin"))
+        if kwarg(call, "gradient_accumulation_plugin") is not None:
+            if plugin is not None and kwarg(plugin, "num_steps") is not None:
+                self.accelerator_ga = self.factor(kwarg(plugin, "num_steps"), "plugin", None)
+            else:
+                self.accelerator_ga_unknown = True
+        dsp_expr = kwarg(call, "deepspeed_plugin") or kwarg(call, "deepspeed_plugins")
+        if dsp_expr is not None:
+            self.accelerator_deepspeed = dsp_expr
+            dsp = self._resolve_call(dsp_expr)
+            if dsp is not None and kwarg(dsp, "gradient_accumulation_steps") is not None and self.accelerator_ga is None:
+                self.accelerator_ga = self.factor(kwarg(dsp, "gradient_accumulation_steps"), "deepspeed-plugin", None)
+            elif dsp is None or kwarg(dsp, "hf_ds_config") is not None:
+                self.accelerator_ga_unknown = True
+
+    def factor(self, expr: cst.BaseExpression, source: str, func) -> AccumFactor:
+        v = self.r.int_value(expr, func)
+        if v is None:
+            v = self.r.int_value(expr, None)
+        return AccumFactor(code_of(expr).strip(), v, source, expr)
+
+    def receiver_kind(self, recv: Optional[str]) -> tuple[Optional[str], bool]:
+        """(kind, confident) of a receiver text such as ``optimizer`` or ``self.scheduler``."""
+        if not recv:
+            return None, False
+        k = self.kinds.get(recv)
+        if k:
+            return k, True
+        last = recv.split(".")[-1]
+        if OPT_NAME_RE.match(last):
+            return "optimizer", False
+        if SCHED_NAME_RE.match(last):
+            return "scheduler", False
+        if SCALER_NAME_RE.match(last):
+            return "scaler", False
+        if ACCEL_NAME_RE.match(last):
+            return "accelerator", False
+        return None, False
+
+    def is_trainer_class(self, cls: cst.ClassDef) -> bool:
+        for b in cls.bases:
+            q = self.t.qualname(b.value) or dotted(b.value) or ""
+            if q.split(".")[-1] in ("Trainer", "Seq2SeqTrainer", "SFTTrainer") or q.startswith("transformers."):
+                return True
+        return False
+
+    def is_lightning_module(self, cls: cst.ClassDef) -> bool:
+        for b in cls.bases:
+            q = self.t.qualname(b.value) or ""
+            if q.endswith("LightningModule") and q.startswith(("lightning", "pytorch_lightning")):
+                return True
+        return False
+
+    # ------------------------------------------------------------------ accumulation expressions
+    def is_accum_expr(self, expr: cst.BaseExpression, loop: Optional[TrainingLoop] = None) -> bool:
+        text = code_of(expr).strip()
+        if ACCUM_RE.search(text):
+            return True
+        if loop is None:
+            return False
+        v = self.r.int_value(expr, loop.func)
+        for e in loop.steps:
+            for g in e.frequency_gates:
+                if g.kind != "modulo" or g.modulus is None or not g.on_boundary:
+                    continue
+                if g.modulus_text == text:
+                    return True
+                mv = self.r.int_value(g.modulus, loop.func)
+                if v is not None and mv is not None and v == mv and v > 1:
+                    return True
+        if self.accelerator_ga is not None and v is not None and self.accelerator_ga.value == v and v > 1:
+            return True
+        return False
+
+    def units_of(self, expr: Optional[cst.BaseExpression], func, accum_text: Optional[str] = None) -> str:
+        """Units of a schedule length / step budget: ``optimizer-steps`` (divided by the accumulation factor
+        somewhere along its definition), ``micro-batches`` (``len(dl) * epochs`` with no division), or
+        ``unknown``."""
+        if expr is None:
+            return "unknown"
+        texts: list[str] = []
+        seen: set = set()
+        unresolved = [False]
+
+        def walk(e: cst.BaseExpression, f, depth: int) -> None:
+            if depth > 5:
+                unresolved[0] = True
+                return
+            texts.append(code_of(e))
+            for name in _names_in(e):
+                if name in seen:
+                    continue
+                seen.add(name)
+                assigns = self.t.assignments_of(name, f) or self.t.assignments.get(name, [])
+                if not assigns:
+                    head = name.split(".")[-1]
+                    if head in self.t.argparse or head in self.t.dataclass_fields:
+                        unresolved[0] = True
+                    continue
+                for a in assigns[:4]:
+                    walk(a.value, a.func, depth + 1)
+
+        walk(expr, func, 0)
+        joined = "\n".join(texts)
+        divs = re.findall(r"(?:/|//)\s*\(?\s*([A-Za-z_][\w.]*)", joined)
+        if any(ACCUM_RE.search(d) or (accum_text and d == accum_text) for d in divs):
+            return "optimizer-steps"
+        if re.search(r"ceil\s*\(", joined) and any(ACCUM_RE.search(d) for d in re.findall(r"[\w.]+", joined)):
+            return "optimizer-steps"
+        if "len(" in joined and not unresolved[0] and not re.search(r"max_(train_)?steps", joined):
+            return "micro-batches"
+        return "unknown"
+
+    # ------------------------------------------------------------------ functions reachable from a call
+    def callee(self, call: cst.Call, func: Optional[cst.FunctionDef], cls: Optional[cst.ClassDef]):
+        """The same-file function a call runs, or None (never guess between several)."""
+        f = call.func
+        if isinstance(f, cst.Name):
+            defs = self.c.module_funcs.get(f.value, [])
+            if len(defs) == 1:
+                return defs[0]
+            return None
+        if (
+            isinstance(f, cst.Attribute)
+            and isinstance(f.value, cst.Name)
+            and f.value.value == "self"
+            and cls is not None
+        ):
+            return self.c.class_methods.get(cls.name.value, {}).get(f.attr.value)
+        return None
+
+    def class_of(self, func: Optional[cst.FunctionDef]) -> Optional[cst.ClassDef]:
+        if func is None:
+            return None
+        return self.c.method_class.get(id(func))
+
+    # ------------------------------------------------------------------ loops
+    def _build_loops(self) -> None:
+        found: list[tuple[LoopNode, Optional[cst.FunctionDef], Optional[cst.ClassDef], list[LoopNode]]] = []
+        for node, func, cls, outer in self.c.loops:
+            if self._has_backward(node.body, cls, 0, set()):
+                found.append((node, func, cls, outer))
+        with_bw_ids = {id(n) for n, *_ in found}
+        for node, func, cls, outer in found:
+            # an outer (epoch) loop: an inner loop runs the backward
+            inner = [n for n2, _, _, o in found for n in [n2] if any(x is node for x in o)]
+            if inner:
+                continue
+            loop = TrainingLoop(node, func, cls, outer=[o for o in outer if id(o) in with_bw_ids], file=self)
+            _LoopWalker(self, loop).run()
+            self.loops.append(loop)
+
+    def _has_backward(self, node: cst.CSTNode, cls, depth: int, seen: set) -> bool:
+        key = id(node)
+        if key in self._backward_memo:
+            return self._backward_memo[key]
+        finder = _CallFinder()
+        node.visit(finder)
+        res = False
+        for call in finder.calls:
+            if backward_style(call, self) is not None:
+                res = True
+                break
+        if not res and depth < 3:
+            for call in finder.calls:
+                fn = self.callee(call, None, cls)
+                if fn is not None and id(fn) not in seen:
+                    seen.add(id(fn))
+                    if self._has_backward(fn.body, self.class_of(fn) or cls, depth + 1, seen):
+                        res = True
+                        break
+        self._backward_memo[key] = res
+        return res
+
+
+class _CallFinder(cst.CSTVisitor):
+    """Calls in a subtree, not entering nested function / class / lambda definitions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_FunctionDef(self, node) -> bool:
+        return False
+
+    def visit_ClassDef(self, node) -> bool:
+        return False
+
+    def visit_Lambda(self, node) -> bool:
+        return False
+
+
+def _names_in(expr: cst.CSTNode) -> list[str]:
+    out: list[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            d = dotted(node)
+            if d:
+                out.append(d)
+                return False
+            return True
+
+        def visit_Name(self, node: cst.Name) -> None:
+            out.append(node.value)
+
+    expr.visit(V())
+    return out
+
+
+def backward_style(call: cst.Call, f: FileLoops) -> Optional[str]:
+    """How this call runs a backward, or None."""
+    func = call.func
+    if not isinstance(func, cst.Attribute):
+        return None
+    attr = func.attr.value
+    if attr == "manual_backward":
+        return "lightning"
+    if attr != "backward":
+        return None
+    recv = func.value
+    q = f.t.qualname(func) or ""
+    if q in ("torch.autograd.backward",):
+        return "autograd"
+    rname = dotted(recv)
+    npos = sum(1 for a in call.args if a.keyword is None and not a.star)
+    if rname is not None:
+        k = f.kinds.get(rname)
+        if k == "accelerator":
+            return "accelerator"
+        if k == "engine":
+            return "engine"
+        if k == "fabric":
+            return "fabric"
+        if k in ("optimizer", "scheduler", "scaler"):
+            return None
+        if npos >= 1:
+            last = rname.split(".")[-1]
+            if last in ("accelerator", "accel"):
+                return "accelerator"
+            if last == "fabric":
+                return "fabric"
+            if "engine" in last:
+                return "engine"
+            return "engine-like" if last not in ("torch", "autograd") else "autograd"
+    if isinstance(recv, cst.Call):
+        inner = recv.func
+        if isinstance(inner, cst.Attribute) and inner.attr.value == "scale":
+            return "scaler"
+    if npos == 0 or all(a.keyword is not None for a in call.args):
+        return "tensor"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- the walk
+_TERMINATORS = (cst.Continue, cst.Break, cst.Return, cst.Raise)
+
+
+def _terminates(suite: cst.BaseSuite) -> bool:
+    body = suite.body if isinstance(suite, cst.IndentedBlock) else [suite]
+    if isinstance(suite, cst.SimpleStatementSuite):
+        return any(isinstance(s, _TERMINATORS) for s in suite.body)
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, cst.SimpleStatementLine):
+        return any(isinstance(s, _TERMINATORS) for s in last.body)
+    return False
+
+
+def _strip_parens(e: cst.BaseExpression) -> cst.BaseExpression:
+    return e
+
+
+class _LoopWalker:
+    def __init__(self, f: FileLoops, loop: TrainingLoop) -> None:
+        self.f = f
+        self.loop = loop
+        self.seq = 0
+        self.loop_names = _assigned_names(loop.node)
+        loop.assigned = self.loop_names
+
+    def run(self) -> None:
+        loop = self.loop
+        self._index()
+        self._block(_body_list(loop.node.body), (), False, False, (), loop.cls, loop.func, 0)
+        # counter initial values
+        for c in loop.counters:
+            assigns = [a for a in self.f.t.assignments_of(c.name, loop.func) if a.node is not None]
+            inside = {id(n) for n in _stmt_nodes_in(loop.node)}
+            vals = set()
+            for a in assigns:
+                if id(a.node) in inside:
+                    continue
+                v = self.f.r.int_value(a.value, a.func)
+                vals.add(v)
+            if len(vals) == 1:
+                c.init = vals.pop()
+
+    # -------------------------------------------------------------- index
+    def _index(self) -> None:
+        node = self.loop.node
+        if not isinstance(node, cst.For):
+            return
+        it = node.iter
+        tgt = node.target
+        if isinstance(it, cst.Call):
+            name = call_name(it) or ""
+            if name == "enumerate" and isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements:
+                idx = dotted(tgt.elements[0].value)
+                start_e = positional(it, 1) or kwarg(it, "start")
+                start = 0 if start_e is None else self.f.r.int_value(start_e, self.loop.func)
+                if idx:
+                    self.loop.index = Index(idx, start, "enumerate")
+            elif name == "range" and isinstance(tgt, cst.Name):
+                start = 0
+                if len([a for a in it.args if a.keyword is None]) >= 2:
+                    start = self.f.r.int_value(positional(it, 0), self.loop.func)
+                self.loop.index = Index(tgt.value, start, "range")
+
+    # -------------------------------------------------------------- statements
+    def _block(self, stmts, gates, acc, nosync, via, cls, func, depth) -> None:
+        gates = tuple(gates)
+        for stmt in stmts:
+            if isinstance(stmt, cst.If) and _terminates(stmt.body) and stmt.orelse is None:
+                g = self._gate(stmt.test, func)
+                self._mark_test(g, stmt)
+                self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
+                gates = gates + (_negate(g),)
+                continue
+            self._stmt(stmt, stmts, gates, acc, nosync, via, cls, func, depth)
+
+    def _mark_test(self, g: Gate, node) -> None:
+        self.seq += 1
+        if g.node is not None:
+            self.loop.test_seq[id(g.node)] = self.seq
+
+    def _stmt(self, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                self._small(small, stmt, block, gates, acc, nosync, via, cls, func, depth)
+            return
+        if isinstance(stmt, cst.If):
+            g = self._gate(stmt.test, func)
+            self._mark_test(g, stmt)
+            self._exprs(stmt.test, stmt, block, gates, acc, nosync, via, cls, func, depth)
+            self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
+            if stmt.orelse is not None:
+                ng = _negate(g)
+                if isinstance(stmt.orelse, cst.If):
+                    self._stmt(stmt.orelse, block, gates + (ng,), acc, nosync, via, cls, func, depth)
+                else:
+                    self._block(_body_list(stmt.orelse.body), gates + (ng,), acc, nosync, via, cls, func, depth)
+            return
+        if isinstance(stmt, cst.With):
+            a2, n2 = acc, nosync
+            ns_recv = None
+            for item in stmt.items:
+                self._exprs(item.item, stmt, block, gates, acc, nosync, via, cls, func, depth)
+                for call in _calls_of(item.item):
+                    nm = call_name(call) or ""
+                    if nm.endswith(".accumulate") and isinstance(call.func, cst.Attribute):
+                        recv = dotted(call.func.value)
+                        if recv and (self.f.kinds.get(recv) == "accelerator" or ACCEL_NAME_RE.match(recv.split(".")[-1])):
+                            a2 = True
+                            self.loop.accumulate_used = True
+                            self.loop.accumulate_calls.append(call)
+                    if nm.endswith(".no_sync") or nm.endswith("no_backward_sync") or nm.endswith(".join"):
+                        if nm.endswith(".no_sync") or nm.endswith("no_backward_sync"):
+                            n2 = True
+                            ns_recv = nm
+            before = len(self.loop.events)
+            self._block(_body_list(stmt.body), gates, a2, n2, via, cls, func, depth)
+            if ns_recv is not None and not nosync:
+                inside = self.loop.events[before:]
+                fwd = _has_forward(stmt.body)
+                bwd = any(e.kind == "backward" for e in inside)
+                self.loop.no_sync_blocks.append((stmt, ns_recv, fwd, bwd))
+                self.loop.no_sync_gates[id(stmt)] = tuple(gates)
+            return
+        if isinstance(stmt, (cst.For, cst.While)):
+            if isinstance(stmt, cst.For):
+                self._exprs(stmt.iter, stmt, block, gates, acc, nosync, via, cls, func, depth)
+            else:
+                self._exprs(stmt.test, stmt, block, gates, acc, nosync, via, cls, func, depth)
+            lg = Gate("loop", stmt)
+            self._block(_body_list(stmt.body), gates + (lg,), acc, nosync, via, cls, func, depth)
+            return
+        if isinstance(stmt, cst.Try):
+            self._block(_body_list(stmt.body), gates, acc, nosync, via, cls, func, depth)
+            for h in stmt.handlers:
+                self._block(_body_list(h.body), gates + (Gate("unknown", None),), acc, nosync, via, cls, func, depth)
+            if stmt.orelse is not None:
+                self._block(_body_list(stmt.orelse.body), gates, acc, nosync, via, cls, func, depth)
+            if stmt.finalbody is not None:
+                self._block(_body_list(stmt.finalbody.body), gates, acc, nosync, via, cls, func, depth)
+            return
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            return
+        # match statements and anything else: walk bodies conservatively as unknown-gated
+        for child in stmt.children:
+            if isinstance(child, cst.BaseSuite):
+                self._block(_body_list(child), gates + (Gate("unknown", None),), acc, nosync, via, cls, func, depth)
+
+    def _small(self, small, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
+        loop = self.loop
+        # counters: x += 1
+        if isinstance(small, cst.AugAssign):
+            tname = dotted(small.target)
+            if tname and isinstance(small.operator, cst.AddAssign) and isinstance(small.value, cst.Integer):
+                if small.value.value == "1" and depth == 0:
+                    self.seq += 1
+                    loop.counters.append(Counter(tname, small, self.seq, gates))
+            if tname and isinstance(small.operator, cst.DivideAssign):
+                self.seq += 1
+                loop.divisions.append(Division(tname, small.value, code_of(small.value).strip(), small, self.seq, gates))
+            if tname and isinstance(small.operator, cst.AddAssign) and not isinstance(small.value, (cst.Integer, cst.Float)):
+                self.seq += 1
+                loop.accum_adds.append((tname, small, self.seq, gates))
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            tname = dotted(small.targets[0].target)
+            v = small.value
+            if tname and isinstance(v, cst.BinaryOperation) and isinstance(v.operator, cst.Add):
+                if dotted(v.left) == tname or dotted(v.right) == tname:
+                    other = v.right if dotted(v.left) == tname else v.left
+                    if not isinstance(other, (cst.Integer, cst.Float)):
+                        self.seq += 1
+                        loop.accum_adds.append((tname, small, self.seq, gates))
+            if tname and isinstance(v, cst.BinaryOperation) and isinstance(v.operator, (cst.Add,)) and False:
+                pass
+        self._exprs(small, stmt, block, gates, acc, nosync, via, cls, func, depth)
+
+    def _exprs(self, node, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
+        """Record divisions and calls inside an expression / small statement, in evaluation order."""
+        loop = self.loop
+        assign_target = None
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            assign_target = dotted(node.targets[0].target)
+        for sub in _walk_expr(node):
+            if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, (cst.Divide, cst.FloorDivide)):
+                if _is_loss_like(sub.left) or (assign_target and _LOSS_NAME.search(assign_target)):
+                    self.seq += 1
+                    loop.divisions.append(
+                        Division(assign_target, sub.right, code_of(sub.right).strip(), sub, self.seq, gates)
+                    )
+            elif isinstance(sub, cst.Call):
+                self._call(sub, stmt, block, gates, acc, nosync, via, cls, func, depth)
+
+    def _call(self, call, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
+        f = self.f
+        loop = self.loop
+        name = call_name(call) or ""
+        attr = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+        recv = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+        q = f.t.qualname(call.func) or ""
+        kind = None
+        rkind, conf = f.receiver_kind(recv)
+        arg = None
+        bstyle = backward_style(call, f)
+        if bstyle is not None:
+            kind = "backward"
+            if bstyle == "tensor":
+                arg = call.func.value
+                if isinstance(arg, cst.Call):
+                    arg = None
+            elif bstyle == "scaler":
+                arg = positional(call.func.value, 0)
+            else:
+                arg = positional(call, 0)
+        elif q in (
+            "torch.nn.utils.clip_grad_norm_",
+            "torch.nn.utils.clip_grad_value_",
+            "torch.nn.utils.clip_grad.clip_grad_norm_",
+            "torch.nn.utils.clip_grad_norm",
+        ) or (attr in ("clip_grad_norm_", "clip_grad_value_") and rkind == "accelerator") or (
+            attr in ("clip_gradients",) and recv in ("self", "fabric")
+        ) or (name.endswith("clip_grad_norm_") and rkind != "engine" and not q.startswith("torch.nn.utils") and recv not in (None,) and rkind in (None, "accelerator") and recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad")):
+            kind = "clip"
+            arg = positional(call, 0)
+        elif attr == "step" and rkind in ("optimizer", "ds_optimizer"):
+            kind = "opt_step"
+        elif attr == "step" and rkind in ("scheduler", "ds_scheduler"):
+            kind = "sched_step"
+        elif attr == "step" and rkind == "engine":
+            kind = "engine_step"
+        elif attr == "step" and rkind == "scaler":
+            kind = "scaler_step"
+            arg = positional(call, 0)
+        elif attr == "scale" and rkind == "scaler":
+            kind = "scaler_scale"
+        elif attr == "unscale_" and rkind == "scaler":
+            kind = "scaler_unscale"
+            arg = positional(call, 0)
+        elif attr == "update" and rkind == "scaler":
+            kind = "scaler_update"
+        elif attr == "zero_grad":
+            if rkind in ("optimizer", "ds_optimizer"):
+                kind = "opt_zero"
+            elif rkind == "engine":
+                kind = "engine_zero"
+            elif rkind in (None, "ddp") and recv is not None:
+                kind = "model_zero"
+                conf = True
+        if kind is not None:
+            self.seq += 1
+            ev = Event(
+                kind,
+                call,
+                stmt,
+                tuple(gates),
+                self.seq,
+                receiver=recv,
+                receiver_kind=rkind,
+                confident=conf if kind not in ("backward", "clip") else True,
+                in_accumulate=acc,
+                in_no_sync=nosync,
+                via=tuple(via),
+                arg=arg,
+                backward_style=bstyle,
+                block=block,
+            )
+            loop.events.append(ev)
+            if kind == "backward" and arg is not None:
+                # inline division in the backward argument
+                for sub in _walk_expr(arg):
+                    if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, (cst.Divide,)):
+                        for d in loop.divisions:
+                            if d.node is sub:
+                                d.in_backward_arg = True
+            return
+        # descend into same-file functions
+        if depth < 3:
+            fn = f.callee(call, func, cls)
+            if fn is not None and fn.name.value not in via and fn is not loop.func:
+                fcls = f.class_of(fn) or cls
+                if fn not in loop.callees:
+                    loop.callees.append(fn)
+                self._block(_body_list(fn.body), gates, acc, nosync, via + (fn.name.value,), fcls, fn, depth + 1)
+
+    # -------------------------------------------------------------- gates
+    def _gate(self, test: cst.BaseExpression, func) -> Gate:
+        try:
+            return self._gate_inner(test, func, 0)
+        except Exception:  # pragma: no cover - defensive: unknown structures yield an unknown gate
+            return Gate("unknown", test)
+
+    def _gate_inner(self, test: cst.BaseExpression, func, depth: int) -> Gate:
+        f = self.f
+        if depth > 4:
+            return Gate("unknown", test)
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            inner = self._gate_inner(test.expression, func, depth + 1)
+            g = _negate(inner)
+            g.node = test
+            return g
+        if isinstance(test, cst.BooleanOperation):
+            left = self._gate_inner(test.left, func, depth + 1)
+            right = self._gate_inner(test.right, func, depth + 1)
+            is_or = isinstance(test.operator, cst.Or)
+            for main, other in ((left, right), (right, left)):
+                if main.is_frequency and not main.negated:
+                    if is_or and other.kind == "last":
+                        main = _copy(main, node=test, last_clause=True)
+                        return main
+                    if is_or and other.kind == "invariant":
+                        return Gate("unknown", test)
+                    if not is_or:
+                        return _copy(main, node=test, extra=other.kind != "invariant" or main.extra)
+            if left.kind == "invariant" and right.kind == "invariant":
+                return Gate("invariant", test)
+            if left.kind == "last" and right.kind in ("last", "invariant"):
+                return Gate("last", test)
+            return Gate("unknown", test)
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            ct = test.comparisons[0]
+            op = ct.operator
+            left, right = test.left, ct.comparator
+            # X % M == 0 / != 0
+            for a, b in ((left, right), (right, left)):
+                a = _unparen(a)
+                if (
+                    isinstance(a, cst.BinaryOperation)
+                    and isinstance(a.operator, cst.Modulo)
+                    and isinstance(b, cst.Integer)
+                    and b.value == "0"
+                    and isinstance(op, (cst.Equal, cst.NotEqual))
+                ):
+                    idx, off = _index_expr(a.left)
+                    if idx is None or not self._varies(idx):
+                        return Gate("unknown", test)
+                    return Gate(
+                        "modulo",
+                        test,
+                        index_text=idx,
+                        offset=off,
+                        modulus=a.right,
+                        modulus_text=code_of(a.right).strip(),
+                        eq_zero=isinstance(op, cst.Equal),
+                    )
+            # last-batch tests: i + 1 == len(dl), i == len(dl) - 1, step == num_steps - 1
+            txt = code_of(test)
+            if isinstance(op, (cst.Equal, cst.GreaterThanEqual)) and ("len(" in txt or LAST_RE.search(txt)):
+                names = _names_in(test)
+                if any(self._varies(n) for n in names):
+                    return Gate("last", test)
+            names = _names_in(test)
+            if any(ACCUM_RE.search(n) for n in names) and any(self._varies(n) for n in names):
+                return Gate("counter", test, index_text=None)
+            if not any(self._varies(n) for n in names) and not _calls_of(test):
+                return Gate("invariant", test)
+            return Gate("unknown", test)
+        # accelerator.sync_gradients ; engine.is_gradient_accumulation_boundary()
+        d = dotted(test)
+        if d is not None:
+            if d.endswith(".sync_gradients"):
+                return Gate("sync", test)
+            if isinstance(test, cst.Name) and LAST_RE.search(test.value) and self._varies(test.value):
+                return Gate("last", test)
+            if self._varies(d):
+                # a flag assigned from a gate expression
+                assigns = f.t.assignments_of(d, func)
+                if len(assigns) == 1:
+                    g = self._gate_inner(assigns[0].value, func, depth + 1)
+                    if g.kind != "unknown":
+                        return _copy(g, node=test)
+                return Gate("unknown", test)
+            return Gate("invariant", test)
+        if isinstance(test, cst.Call):
+            nm = call_name(test) or ""
+            if nm.endswith("is_gradient_accumulation_boundary"):
+                return Gate("boundary", test)
+            return Gate("unknown", test)
+        if isinstance(test, (cst.Integer, cst.SimpleString)):
+            return Gate("invariant", test)
+        names = _names_in(test)
+        if names and not any(self._varies(n) for n in names) and not _calls_of(test):
+            return Gate("invariant", test)
+        return Gate("unknown", test)
+
+    def _varies(self, name: str) -> bool:
+        """Does the loop (or a per-micro-batch helper) assign this name? Attributes of self count as varying."""
+        if name in self.loop_names:
+            return True
+        head = name.split(".")[0]
+        if head in self.loop_names:
+            return True
+        if head == "self" and "." in name:
+            return True
+        if head in ("state", "trainer"):
+            return True
+        return False
+
+
+def _copy(g: Gate, **kw) -> Gate:
+    d = dict(g.__dict__)
+    d.update(kw)
+    return Gate(**d)
+
+
+def _negate(g: Gate) -> Gate:
+    return _copy(g, negated=not g.negated)
+
+
+def _unparen(e: cst.BaseExpression) -> cst.BaseExpression:
+    return e
+
+
+def _index_expr(e: cst.BaseExpression) -> tuple[Optional[str], int]:
+    """``i`` -> ("i", 0); ``i + 1`` -> ("i", 1); ``(self.step + 1)`` -> ("self.step", 1)."""
+    d = dotted(e)
+    if d is not None:
+        return d, 0
+    if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, (cst.Add, cst.Subtract)):
+        if isinstance(e.right, cst.Integer):
+            d = dotted(e.left)
+            if d is not None:
+                n = int(e.right.value, 0) if e.right.value.isdigit() else 0
+                return d, n if isinstance(e.operator, cst.Add) else -n
+        if isinstance(e.left, cst.Integer) and isinstance(e.operator, cst.Add):
+            d = dotted(e.right)
+            if d is not None:
+                return d, int(e.left.value) if e.left.value.isdigit() else 0
+    return None, 0
+
+
+_LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
+
+
+def _is_loss_like(e: cst.BaseExpression) -> bool:
+    d = dotted(e)
+    if d is not None:
+        return bool(_LOSS_NAME.search(d))
+    if isinstance(e, cst.Call):
+        if isinstance(e.func, cst.Attribute) and e.func.attr.value in ("item", "detach", "cpu", "tolist", "numpy"):
+            return False
+        return bool(_LOSS_NAME.search(code_of(e.func)))
+    if isinstance(e, cst.Subscript):
+        return _is_loss_like(e.value)
+    if isinstance(e, cst.BinaryOperation):
+        return _is_loss_like(e.left)
+    return False
+
+
+def _body_list(suite) -> list:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    if isinstance(suite, cst.SimpleStatementSuite):
+        return [cst.SimpleStatementLine(body=suite.body)] if False else [suite]
+    return []
+
+
+def _walk_expr(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Sub-expressions in evaluation order (children before parents for calls), no nested defs/lambdas."""
+    out: list[cst.CSTNode] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Lambda(self, n) -> bool:
+            return False
+
+        def visit_FunctionDef(self, n) -> bool:
+            return False
+
+        def leave_Call(self, original_node: cst.Call) -> None:
+            out.append(original_node)
+
+        def visit_BinaryOperation(self, n: cst.BinaryOperation) -> None:
+            out.append(n)
+
+    node.visit(V())
+    return out
+
+
+def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
+    fnd = _CallFinder()
+    node.visit(fnd)
+    return fnd.calls
+
+
+def _has_forward(suite: cst.BaseSuite) -> bool:
+    """Does the block compute something from a call (``out = model(x)``, ``loss = model(**b).loss``)?"""
+    for stmt in _body_list(suite):
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for s in stmt.body:
+                if isinstance(s, (cst.Assign, cst.AnnAssign)) and s.value is not None and _calls_of(s.value):
+                    return True
+    return False
+
+
+class _Assigned(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def _t(self, t) -> None:
+        if isinstance(t, (cst.Tuple, cst.List)):
+            for el in t.elements:
+                self._t(el.value)
+        elif isinstance(t, cst.StarredElement):
+            self._t(t.value)
+        else:
+            d = dotted(t)
+            if d:
+                self.names.add(d)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            self._t(t.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._t(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._t(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._t(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._t(node.asname.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._t(node.target)
+
+
+def _assigned_names(loop: LoopNode) -> set[str]:
+    v = _Assigned()
+    loop.visit(v)
+    return v.names
+
+
+def _stmt_nodes_in(loop: LoopNode) -> list:
+    out = []
+
+    class V(cst.CSTVisitor):
+        def visit_Assign(self, n) -> None:
+            out.append(n)
+
+        def visit_AnnAssign(self, n) -> None:
+            out.append(n)
+
+    loop.visit(V())
+    return out
+
+
+def build(ctx) -> FileLoops:
+    return FileLoops(ctx.module, ctx.symbols, ctx.resolver)

@@ -1,0 +1,171 @@
+"""Helpers shared by the training-loop rules (BL101–BL115, BL201, BL202). Not a rule module (leading underscore).
+
+Every rule reads ``ctx.loops`` (``bertlint/analysis/loops.py``); none re-walks the tree.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from bertlint.analysis.loops import Event, Gate, TrainingLoop
+from bertlint.analysis.symbols import code_of, dotted
+from bertlint.types import Applicability, Edit, Position, Severity
+
+PLAIN_OWNERS = ("plain", "fabric", "accelerate-manual")
+
+
+def version(ctx, package: str) -> Optional[str]:
+    """Target version: ``[tool.bertlint] target-versions``, the shared ``ctx.versions`` when present, else the
+    installed distribution (read with importlib.metadata; never imported)."""
+    tv = getattr(ctx.settings, "target_versions", None) or {}
+    if package in tv:
+        return str(tv[package])
+    try:
+        vs = ctx.__dict__.get("versions")
+        if vs is not None:
+            v = vs.get(package) if hasattr(vs, "get") else None
+            if v is not None:
+                return str(getattr(v, "version", v))
+    except Exception:
+        pass
+    try:
+        from importlib import metadata
+
+        return metadata.version(package)
+    except Exception:
+        return None
+
+
+def fw(ctx, package: str, display: Optional[str] = None) -> str:
+    v = version(ctx, package)
+    name = display or package
+    return f"{name} {v}" if v else name
+
+
+def sev(ev: Event, default: Severity = Severity.ERROR) -> Severity:
+    """Receivers recognised only by their name lower an error to a warning."""
+    if default == Severity.ERROR and not ev.confident:
+        return Severity.WARNING
+    return default
+
+
+def step_gate(loop: TrainingLoop) -> Optional[Gate]:
+    """The frequency gate of the (first) optimizer step, when the step is gated on the window boundary."""
+    for e in loop.steps:
+        for g in e.frequency_gates:
+            if g.on_boundary:
+                return g
+    return None
+
+
+def accum_gated(loop: TrainingLoop) -> bool:
+    """The optimizer step runs once per window of a modulo / counter / sync / boundary gate (not a logging one)."""
+    if not loop.step_gated():
+        return False
+    for e in loop.steps:
+        for g in e.frequency_gates:
+            if g.kind == "modulo" and g.modulus_text and _logging(g.modulus_text):
+                return False
+    return True
+
+
+def _logging(text: str) -> bool:
+    from bertlint.analysis.loops import ACCUM_RE, LOG_RE
+
+    return bool(LOG_RE.search(text)) and not ACCUM_RE.search(text)
+
+
+def n_text(loop: TrainingLoop) -> str:
+    a = loop.accum()
+    return a.n if a is not None else "N"
+
+
+def n_shown(loop: TrainingLoop) -> str:
+    a = loop.accum()
+    return a.shown if a is not None else "N"
+
+
+def times(loop: TrainingLoop) -> str:
+    """``8`` or ``N`` for arithmetic in messages."""
+    a = loop.accum()
+    if a is None:
+        return "N"
+    return str(a.value) if a.value is not None else "N"
+
+
+def stmt_of(ev: Event) -> Optional[cst.SimpleStatementLine]:
+    s = ev.stmt
+    if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1:
+        return s
+    return None
+
+
+def delete_line_edit(ctx, stmt: cst.CSTNode) -> Edit:
+    start, end = ctx.span(stmt)
+    return Edit("", Position(start.row, 1), Position(end.row + 1, 1))
+
+
+def move_under(ctx, ev: Event, anchor: Event, msg: str):
+    """Unsafe fix: move the statement of ``ev`` to just after ``anchor``'s statement (inside the step gate)."""
+    s, a = stmt_of(ev), stmt_of(anchor)
+    if s is None or a is None or ev.via or anchor.via or s is a:
+        return None
+    try:
+        text = code_of(s.body[0]).strip()
+        ins = ctx.edit_insert_line_after(a, text)
+        dele = delete_line_edit(ctx, s)
+        if ins.start.row == dele.start.row:
+            return None
+        return ctx.fix(msg, [dele, ins], Applicability.UNSAFE)
+    except Exception:
+        return None
+
+
+def move_before(ctx, ev: Event, anchor: Event, msg: str):
+    s, a = stmt_of(ev), stmt_of(anchor)
+    if s is None or a is None or ev.via or anchor.via or s is a:
+        return None
+    try:
+        text = code_of(s.body[0]).strip()
+        ins = ctx.edit_insert_line_before(a, text)
+        dele = delete_line_edit(ctx, s)
+        return ctx.fix(msg, [dele, ins], Applicability.UNSAFE)
+    except Exception:
+        return None
+
+
+def last_window_event(loop: TrainingLoop) -> Optional[Event]:
+    """The last per-window optimizer-step event (the anchor to move calls after)."""
+    cands = [e for e in loop.steps if e.per_window]
+    return cands[-1] if cands else None
+
+
+def recv_text(ev: Event) -> str:
+    return ev.receiver or (dotted(ev.call.func) or "optimizer")
+
+
+def sched_length(f, recv: Optional[str]):
+    """(length expression, constructor call) of the scheduler bound to ``recv``, when built in this file."""
+    from bertlint.analysis.symbols import call_name, kwarg, positional
+
+    if not recv:
+        return None, None
+    defs = f.scheduler_defs.get(recv, [])
+    if len(defs) != 1:
+        return None, None
+    call = defs[0]
+    name = (call_name(call) or "").split(".")[-1]
+    expr = None
+    if name == "get_scheduler":
+        expr = kwarg(call, "num_training_steps") or positional(call, 3)
+    elif name.startswith("get_") and "constant" not in name:
+        expr = kwarg(call, "num_training_steps") or positional(call, 2)
+    elif name == "OneCycleLR":
+        expr = kwarg(call, "total_steps")
+    elif name == "CosineAnnealingLR":
+        expr = kwarg(call, "T_max") or positional(call, 1)
+    elif name in ("LinearLR", "PolynomialLR", "ConstantLR"):
+        expr = kwarg(call, "total_iters")
+    return expr, call

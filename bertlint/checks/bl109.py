@@ -1,0 +1,76 @@
+"""BL109 accumulate-context-misuse (loop side), accelerate:
+
+- ``with accelerator.accumulate(model):`` while the ``Accelerator`` in the file configures no accumulation
+  (no ``gradient_accumulation_steps``, no plugin): the context syncs on every micro-batch, N = 1;
+- ``loss.backward()`` in a script that prepared the model with an ``Accelerator``: accelerate's ``/N``, its
+  GradScaler and the DeepSpeed engine are bypassed (``exp_accelerate_ga.out`` F: gradient ×4 at N=4);
+- a ``DeepSpeedPlugin`` in code with a hand-written ``(i + 1) % N`` gate and no ``accumulate()``:
+  ``sync_gradients`` stays True, so the engine steps after every micro-batch and the gate is a no-op
+  (``exp_accelerate_deepspeed.out``).
+The accelerate-YAML side (``deepspeed_config`` in the launch config) lives in another module."""
+
+from __future__ import annotations
+
+from bertlint.analysis.symbols import code_of
+from bertlint.checks import _ga
+from bertlint.registry import rule
+from bertlint.types import Applicability, Severity
+
+
+@rule("BL109", "accumulate-context-misuse", Severity.ERROR,
+      "accelerate accumulate() misuse: no accumulation configured, loss.backward(), or a hand gate under DeepSpeed",
+      fix=Applicability.UNSAFE)
+def check(ctx) -> None:
+    f = ctx.loops
+    if not f.accelerator_calls:
+        return
+    accel_names = [n for n, k in f.kinds.items() if k == "accelerator"]
+    accel = accel_names[0] if len(accel_names) == 1 else "accelerator"
+    for loop in f:
+        # 1. accumulate() with nothing configured
+        if loop.accumulate_used and f.accelerator_ga is None and not f.accelerator_ga_unknown \
+                and f.accelerator_deepspeed is None:
+            for call in loop.accumulate_calls[:1]:
+                ctx.report(
+                    call,
+                    f"`accumulate()` is used but `{code_of(f.accelerator_calls[0]).strip()[:60]}` configures no gradient "
+                    f"accumulation ({_ga.fw(ctx, 'accelerate')} then syncs and steps on every micro-batch: N = 1). "
+                    f"Pass `Accelerator(gradient_accumulation_steps=N)` (unless `accelerate launch "
+                    f"--gradient_accumulation_steps` sets it for DeepSpeed).",
+                )
+        # 2. plain loss.backward() with a prepared model
+        if f.prepared:
+            for bw in loop.backwards:
+                if bw.backward_style not in ("tensor", "scaler"):
+                    continue
+                fix = None
+                if bw.backward_style == "tensor" and bw.arg is not None and not bw.call.args:
+                    fix = ctx.fix(f"Use `{accel}.backward(...)`",
+                                  [ctx.edit_replace(bw.call, f"{accel}.backward({code_of(bw.arg).strip()})")],
+                                  Applicability.UNSAFE)
+                ga = f.accelerator_ga
+                ga_note = (f" With {ga.shown} accumulation steps the gradient is {ga.n}× too large, since "
+                           f"`accelerator.backward` is what divides by N;") if ga is not None else ""
+                ctx.report(
+                    bw.call,
+                    f"`{bw.name}()` bypasses the `Accelerator` that prepared this model ({_ga.fw(ctx, 'accelerate')}):"
+                    f"{ga_note} under fp16 its GradScaler never scales (the first unscale raises "
+                    f"`AssertionError: Attempted unscale_ but _scale is None`), and under DeepSpeed the engine is "
+                    f"skipped. Call `{accel}.backward(loss)`.",
+                    fix=fix,
+                )
+        # 3. DeepSpeedPlugin + hand gate without accumulate()
+        if f.accelerator_deepspeed is not None and loop.owner == "accelerate-manual":
+            for e in loop.steps:
+                gs = [g for g in e.frequency_gates if g.kind in ("modulo", "counter") and g.on_boundary]
+                if not gs:
+                    continue
+                ctx.report(
+                    gs[0].node,
+                    f"Hand-written accumulation gate `{gs[0].text}` with a `DeepSpeedPlugin` and no "
+                    f"`accelerator.accumulate()` ({_ga.fw(ctx, 'accelerate')}): `sync_gradients` stays True, so "
+                    f"`accelerator.backward` makes every micro-batch an accumulation boundary and the DeepSpeed engine "
+                    f"updates the weights after each one; the gate only skips a no-op `optimizer.step()`. Wrap the "
+                    f"body in `with accelerator.accumulate(model):` and drop the gate.",
+                )
+                break

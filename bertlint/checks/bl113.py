@@ -1,0 +1,47 @@
+"""BL113 deferred-backward: losses summed over the window (``total = total + loss``) and one ``backward()`` at
+the end — all N micro-batches' activations stay alive until then, so peak memory is that of one big batch and
+accumulation saves nothing (REFERENCE §3.7 D). Call ``backward()`` on each micro-batch's ``loss / N``."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from bertlint.analysis.symbols import code_of, dotted
+from bertlint.registry import rule
+from bertlint.types import Severity
+
+_DETACHED = re.compile(r"\.item\(\)|\.detach\(\)|float\(|\.cpu\(\)|\.tolist\(\)|\.numpy\(\)")
+
+
+@rule("BL113", "deferred-backward", Severity.WARNING,
+      "losses summed over the window and one backward() at the end: all activations stay alive")
+def check(ctx) -> None:
+    for loop in ctx.loops:
+        for bw in loop.backwards:
+            target = dotted(bw.arg) if bw.arg is not None else None
+            if not target:
+                continue
+            for name, node, seq, gates in loop.accum_adds:
+                if name != target:
+                    continue
+                value = node.value if isinstance(node, cst.AugAssign) else node.value
+                vt = code_of(value)
+                if "loss" not in vt.lower() and "model(" not in vt and "out" not in vt.lower():
+                    continue
+                if _DETACHED.search(vt):
+                    continue
+                add_in_inner = any(g.kind == "loop" for g in gates)
+                bw_in_inner = any(g.kind == "loop" for g in bw.gates)
+                add_per_mb = all(g.kind == "invariant" for g in gates)
+                if (add_per_mb and not bw.per_micro_batch and bw.frequency_gates) or (add_in_inner and not bw_in_inner):
+                    ctx.report(
+                        bw.call,
+                        f"`{target}` sums the losses of the whole window and `backward()` runs once at its end: the "
+                        f"autograd graphs (all saved activations) of every micro-batch stay alive until then, so peak "
+                        f"memory equals one batch of N micro-batches and accumulation saves nothing. Call "
+                        f"`(loss / N).backward()` on each micro-batch and keep `{target}` as a float (`loss.item()`) "
+                        f"for logging.",
+                    )
+                    break
