@@ -1,0 +1,52 @@
+"""BL410 step-units: logging/eval/save/warmup/max steps computed from a data length (micro-batches) although the Trainer
+counts them in optimizer steps (REFERENCE §1.5)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from bertlint.analysis.symbols import code_of
+from bertlint.registry import rule
+from bertlint.types import Severity
+
+_STEP_ARGS = ("max_steps", "logging_steps", "eval_steps", "save_steps", "warmup_steps")
+
+
+def _expr_text(ctx, expr, func, depth=0) -> str:
+    text = code_of(expr)
+    if depth < 3 and isinstance(expr, cst.Name):
+        for a in ctx.symbols.assignments_of(expr.value, func):
+            text += " " + _expr_text(ctx, a.value, a.func, depth + 1)
+    return text
+
+
+@rule("BL410", "step-units", Severity.INFO,
+      "logging/eval/save/warmup/max steps computed in micro-batches although they count optimizer steps")
+def check(ctx) -> None:
+    if "len(" not in ctx.source:
+        return
+    for ta in ctx.setup.training_args:
+        n = ta.int("gradient_accumulation_steps")
+        if n is None or n <= 1:
+            continue
+        ga_node = ta.keyword_node("gradient_accumulation_steps")
+        ga_text = code_of(ga_node.value) if isinstance(ga_node, cst.Arg) else None
+        for name in _STEP_ARGS:
+            node = ta.keyword_node(name)
+            if not isinstance(node, cst.Arg) or node.keyword is None or node.keyword.value != name:
+                continue
+            text = _expr_text(ctx, node.value, ta.func)
+            if "len(" not in text:
+                continue
+            low = text.lower()
+            if "accum" in low or (ga_text and ga_text in text) or f"// {n}" in text or f"/ {n}" in text:
+                continue
+            if isinstance(ta.get(name), float) and name == "warmup_steps" and ta.get(name) < 1:
+                continue
+            ctx.report(
+                node,
+                f"`{name}` is computed from a data length ({code_of(node.value)}), which counts micro-batches, but "
+                f"the Trainer counts `{name}` in optimizer steps — one per {n} micro-batches "
+                f"(gradient_accumulation_steps={n}) — so it is {n}× too large. Fix: divide by "
+                f"gradient_accumulation_steps (e.g. `math.ceil(len(train_dataloader) / {n})`).",
+            )

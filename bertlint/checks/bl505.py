@@ -1,0 +1,85 @@
+"""BL505 empty-cache-in-loop: ``torch.cuda.empty_cache()`` on every iteration of a loop (slow; does not cure an OOM),
+and ``TrainingArguments(torch_empty_cache_steps=k)`` which fires on every micro-batch of matching windows
+(REFERENCE §1.10)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from bertlint.registry import rule
+from bertlint.types import Severity
+
+_EMPTY = {"torch.cuda.empty_cache", "torch.mps.empty_cache", "torch.xpu.empty_cache"}
+
+
+class _V(cst.CSTVisitor):
+    def __init__(self, t):
+        self.t = t
+        self.loops = 0
+        self.guard = 0  # inside an if / try / with-handler below the loop
+        self.found = []
+
+    def visit_For(self, node):
+        self.loops += 1
+        self._saved = getattr(self, "_saved", []) + [self.guard]
+        self.guard = 0
+
+    def leave_For(self, node):
+        self.loops -= 1
+        self.guard = self._saved.pop()
+
+    visit_While = visit_For
+    leave_While = leave_For
+
+    def visit_If(self, node):
+        self.guard += 1
+
+    def leave_If(self, node):
+        self.guard -= 1
+
+    def visit_Try(self, node):
+        self.guard += 1
+
+    def leave_Try(self, node):
+        self.guard -= 1
+
+    def visit_FunctionDef(self, node):
+        self._fsaved = getattr(self, "_fsaved", []) + [(self.loops, self.guard)]
+        self.loops, self.guard = 0, 0
+
+    def leave_FunctionDef(self, node):
+        self.loops, self.guard = self._fsaved.pop()
+
+    def visit_Call(self, node):
+        if self.loops and not self.guard and self.t.qualname(node.func) in _EMPTY:
+            self.found.append(node)
+
+
+@rule("BL505", "empty-cache-in-loop", Severity.INFO, "torch.cuda.empty_cache() per step (slow; does not cure an OOM)")
+def check(ctx) -> None:
+    src = ctx.source
+    if "empty_cache" in src:
+        v = _V(ctx.symbols)
+        ctx.module.visit(v)
+        for call in v.found:
+            ctx.report(
+                call,
+                "`empty_cache()` on every iteration: it returns the caching allocator's free blocks to the driver, "
+                "and the next step must request them again (a device synchronisation and slow cudaMalloc calls). "
+                "It frees no memory a live tensor holds, so it does not prevent an out-of-memory error. Fix: remove "
+                "it, or call it rarely (after evaluation, between phases).",
+            )
+    if "torch_empty_cache_steps" in src:
+        for ta in ctx.setup.training_args:
+            k = ta.int("torch_empty_cache_steps")
+            n = ta.int("gradient_accumulation_steps")
+            if k is None or k <= 0:
+                continue
+            node = ta.keyword_node("torch_empty_cache_steps") or ta.node
+            per = f" — with gradient_accumulation_steps={n}, {n} calls per such step" if n and n > 1 else ""
+            ctx.report(
+                node,
+                f"`torch_empty_cache_steps={k}` clears the device cache on every micro-batch of each window whose "
+                f"optimizer step is a multiple of {k} (including the whole first window){per}; it slows training "
+                f"and does not prevent an out-of-memory error. Fix: remove it unless fragmentation is measured.",
+            )
