@@ -276,7 +276,7 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool) -> MemoryResult:
                     "pass --lora-targets with module names such as query,value")
         for prefix in spec.frozen_modules:
             for name, p in model.named_parameters():
-                if name == prefix or name.startswith(prefix + "."):
+                if name == prefix or name.startswith(prefix + ".") or f".{prefix}." in f".{name}":
                     p.requires_grad_(False)
         if spec.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": spec.reentrant})
