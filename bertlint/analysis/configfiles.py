@@ -868,6 +868,40 @@ def _find_uses(ctx: Any) -> Iterator[DSUse]:
         yield use
 
 
+def is_static_expr(ctx, expr, func, depth: int = 0) -> bool:
+    """The value of ``expr`` is fixed in the source (no command-line or runtime input)."""
+    if expr is None or depth > 8:
+        return False
+    from bertlint.analysis.symbols import UNKNOWN, call_name, dotted, literal
+
+    if literal(expr) is not UNKNOWN:
+        return True
+    d = depth + 1
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        name = dotted(expr)
+        if not name:
+            return False
+        assigns = ctx.symbols.assignments_of(name, func)
+        if not assigns:
+            return False
+        return all(is_static_expr(ctx, a.value, a.func, d) for a in assigns)
+    if isinstance(expr, cst.BinaryOperation):
+        return is_static_expr(ctx, expr.left, func, d) and is_static_expr(ctx, expr.right, func, d)
+    if isinstance(expr, cst.UnaryOperation):
+        return is_static_expr(ctx, expr.expression, func, d)
+    if isinstance(expr, (cst.List, cst.Tuple)):
+        return all(is_static_expr(ctx, e.value, func, d) for e in expr.elements)
+    if isinstance(expr, cst.Dict):
+        return all(isinstance(e, cst.DictElement) and is_static_expr(ctx, e.value, func, d) for e in expr.elements)
+    if isinstance(expr, cst.Subscript):
+        return is_static_expr(ctx, expr.value, func, d)
+    if isinstance(expr, cst.Call):
+        n = call_name(expr) or ""
+        if n in ("int", "float", "dict"):
+            return all(is_static_expr(ctx, a.value, func, d) for a in expr.args)
+    return False
+
+
 # --------------------------------------------------------------------- helpers for the loop rules
 
 

@@ -58,36 +58,7 @@ _DEFAULTS = {
 _CERTAIN_ORIGINS = ("keyword", "**", "attribute assignment", "parse_dict", "default of the `")
 
 
-def _static(ctx, expr, func, depth: int = 0) -> bool:
-    """The value of ``expr`` is fixed in the source (no command-line or runtime input)."""
-    if expr is None or depth > 8:
-        return False
-    if literal(expr) is not UNKNOWN:
-        return True
-    d = depth + 1
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        name = dotted(expr)
-        if not name:
-            return False
-        assigns = ctx.symbols.assignments_of(name, func)
-        if not assigns:
-            return False
-        return all(_static(ctx, a.value, a.func, d) for a in assigns)
-    if isinstance(expr, cst.BinaryOperation):
-        return _static(ctx, expr.left, func, d) and _static(ctx, expr.right, func, d)
-    if isinstance(expr, cst.UnaryOperation):
-        return _static(ctx, expr.expression, func, d)
-    if isinstance(expr, (cst.List, cst.Tuple)):
-        return all(_static(ctx, e.value, func, d) for e in expr.elements)
-    if isinstance(expr, cst.Dict):
-        return all(isinstance(e, cst.DictElement) and _static(ctx, e.value, func, d) for e in expr.elements)
-    if isinstance(expr, cst.Subscript):
-        return _static(ctx, expr.value, func, d)
-    if isinstance(expr, cst.Call):
-        n = call_name(expr) or ""
-        if n in ("int", "float", "dict"):
-            return all(_static(ctx, a.value, func, d) for a in expr.args)
-    return False
+_static = cf.is_static_expr
 
 
 class _HF:
