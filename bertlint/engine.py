@@ -54,11 +54,24 @@ def parse_python(source: str):
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as e:
-        return (f"SyntaxError: {e.message}", e.raw_line, e.raw_column + 1)
+        fallback = (f"SyntaxError: {e.message}", e.raw_line, e.raw_column + 1)
     except RecursionError:
         return ("the file is nested too deeply to parse", 1, 1)
     except Exception as e:  # libcst's native parser can raise other errors on odd input
-        return (f"cannot parse: {type(e).__name__}: {e}", 1, 1)
+        fallback = (f"cannot parse: {type(e).__name__}: {e}", 1, 1)
+    # libcst's positions are approximate: ask CPython's parser for the message and position (error path only)
+    try:
+        compile(source, "<bertlint>", "exec", 0x400, dont_inherit=True)  # ast.PyCF_ONLY_AST
+    except SyntaxError as e:
+        row = e.lineno or 1
+        col = e.offset or 1
+        return (f"SyntaxError: {e.msg}", row, col)
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    else:
+        msg, row, col = fallback
+        return (f"{msg} (this Python accepts the syntax, but the libcst grammar bertlint uses does not)", row, col)
+    return fallback
 
 
 def _run_rules(ctx, target: str, settings: Settings) -> None:

@@ -1,0 +1,186 @@
+"""Reading inputs: encodings (PEP 263, BOM), binary files, notebooks (cells, magics), config files, discovery."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bertlint.api import check_file, lint_text
+from bertlint.config import Settings, clear_caches
+from bertlint.context import ConfigContext
+from bertlint.sources import (
+    DecodeError,
+    cell_to_python,
+    config_kind,
+    decode,
+    discover,
+    key_positions,
+    parse_config_text,
+    read_notebook,
+)
+
+S = Settings(select=["BL001"])
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    clear_caches()
+    yield
+
+
+def test_pep263_coding_line_is_honoured():
+    data = "# -*- coding: latin-1 -*-\nimport torch\nname = 'café'\n".encode("latin-1")
+    text, enc = decode(data)
+    assert enc == "latin-1" and "café" in text
+
+
+def test_coding_line_on_second_line_and_bom():
+    data = b"#!/usr/bin/env python\n# vim: set fileencoding=cp1252 :\nx = '\x80'\n"
+    text, enc = decode(data)
+    assert enc == "cp1252" and "\u20ac" in text
+    text, enc = decode(b"\xef\xbb\xbfimport torch\n")
+    assert enc == "utf-8-sig" and text == "import torch\n"
+
+
+def test_invalid_utf8_is_reported_at_the_byte(tmp_path):
+    p = tmp_path / "train.py"
+    p.write_bytes(b"import torch\nx = 1\ny = '\xff'\n")
+    r = check_file(str(p), S)
+    assert [(d.code, d.start.row, d.start.column) for d in r.diagnostics] == [("BL001", 3, 6)]
+    assert "byte 0xff at line 3" in r.diagnostics[0].message
+    assert "PEP 263" in r.diagnostics[0].message
+
+
+def test_unknown_declared_encoding(tmp_path):
+    with pytest.raises(DecodeError, match="unknown encoding 'klingon'"):
+        decode(b"# coding: klingon\nimport torch\n")
+
+
+def test_binary_file_is_skipped_with_a_warning(tmp_path):
+    p = tmp_path / "model.py"
+    p.write_bytes(b"\x00\x01torch\x00")
+    r = check_file(str(p), S)
+    assert r.diagnostics == []
+    assert r.warnings == [f"{p}: skipped: binary file"]
+
+
+def test_syntax_error_position(tmp_path):
+    d = lint_text("import torch\n\ndef f(:\n    pass\n", "t.py", S)
+    assert [(x.code, x.start.row) for x in d] == [("BL001", 3)]
+    assert d[0].message.startswith("SyntaxError")
+
+
+def test_files_without_training_machinery_are_not_parsed():
+    assert lint_text("def f(:\n", "plain.py", S) == []
+
+
+# ------------------------------------------------------------------------------------------- notebooks
+
+
+def nb(*cells, lang="python"):
+    return json.dumps(
+        {
+            "cells": [
+                {"cell_type": kind, "source": src, "metadata": {}, "outputs": [], "execution_count": None}
+                if kind == "code"
+                else {"cell_type": kind, "source": src, "metadata": {}}
+                for kind, src in cells
+            ],
+            "metadata": {"language_info": {"name": lang}},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+    )
+
+
+def test_magics_are_neutralised_line_for_line():
+    lines = ["%matplotlib inline\n", "!pip install torch\n", "files = !ls\n", "for i in x:\n", "    %time f(i)\n", "model?\n", "x = 1\n"]
+    out = cell_to_python(lines)
+    assert out == ["pass\n", "pass\n", "files = None\n", "for i in x:\n", "    pass\n", "pass\n", "x = 1\n"]
+    assert cell_to_python(["%%bash\n", "echo hi\n"]) == ["\n", "\n"]
+    assert cell_to_python(["%%time\n", "y = 2\n"]) == ["pass\n", "y = 2\n"]
+
+
+def test_notebook_cells_are_joined_with_a_row_map():
+    text = nb(("markdown", "# title"), ("code", "import torch\n!nvidia-smi"), ("code", ["x = 1\n", "y = 2"]))
+    n = read_notebook(text)
+    assert n.source == "import torch\npass\nx = 1\ny = 2\n"
+    assert n.rows == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert n.map_row(4) == (2, 2)
+
+
+def test_notebook_syntax_error_is_reported_by_cell_and_the_rest_still_parsed():
+    text = nb(("code", "import torch\n"), ("code", "def broken(:\n    pass\n"), ("code", "x = (1,\n"))
+    d = lint_text(text, "nb.ipynb", S)
+    assert [(x.code, x.cell, x.start.row) for x in d] == [("BL001", 2, 1), ("BL001", 3, 1)]
+
+
+def test_notebook_in_other_language_and_bad_json():
+    assert lint_text(nb(("code", "import torch\nx = (\n"), lang="R"), "nb.ipynb", S) == []
+    d = lint_text('{"cells": [', "nb.ipynb", S)
+    assert d[0].code == "BL001" and d[0].start.row == 1 and "invalid notebook JSON" in d[0].message
+    d = lint_text("[]", "nb.ipynb", S)
+    assert d[0].code == "BL001" and "not a Jupyter notebook" in d[0].message
+
+
+# --------------------------------------------------------------------------------------- config files
+
+
+def test_broken_json_config_is_reported_at_its_position():
+    d = lint_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n}\n', "ds.json", S)
+    assert [(x.code, x.start.row, x.start.column) for x in d] == [("BL001", 3, 36)]
+    assert d[0].message.startswith("invalid JSON")
+
+
+def test_broken_yaml_config_is_reported_at_its_position():
+    d = lint_text("compute_environment: LOCAL_MACHINE\ndistributed_type: [MULTI_GPU\nnum_processes: 2\n", "acc.yaml", S)
+    assert d[0].code == "BL001" and d[0].start.row == 3 and d[0].message.startswith("invalid YAML")
+
+
+def test_config_kind_and_key_positions():
+    text = '{\n  "train_micro_batch_size_per_gpu": 4,\n  "zero_optimization": {\n    "stage": 3\n  },\n  "x": [1, {"y": 2}]\n}\n'
+    data, fmt = parse_config_text(text, "ds.json")
+    assert fmt == "json" and config_kind(data) == "deepspeed"
+    pos = key_positions(text, fmt)
+    assert pos[("zero_optimization", "stage")] == (4, 5)
+    assert pos[("x", 1, "y")] == (6, 13)
+    ctx = ConfigContext("ds.json", text, data, Settings(), fmt)
+    assert ctx.kind == "deepspeed"
+    assert (ctx.key_position(("zero_optimization", "stage")).row, ctx.key_position(("zero_optimization", "nope")).row) == (4, 3)
+    y = "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+    data, fmt = parse_config_text(y, "acc.yaml")
+    assert config_kind(data) == "accelerate"
+    assert key_positions(y, fmt)[("deepspeed_config", "zero_stage")] == (4, 3)
+    assert config_kind({"foo": 1}) == "unknown" and config_kind([1]) == "unknown"
+
+
+# ------------------------------------------------------------------------------------------ discovery
+
+
+def test_discovery_skips_default_excludes_and_unrelated_json(tmp_path):
+    for rel, text in {
+        "train.py": "import torch\n",
+        "nb.ipynb": "{}",
+        "ds_config.json": '{"zero_optimization": {"stage": 2}}',
+        "package.json": '{"name": "web"}',
+        "accelerate.yaml": "distributed_type: MULTI_GPU\n",
+        ".github/workflows/ci.yml": "on: push\n",
+        "README.md": "torch",
+        ".venv/lib/x.py": "import torch\n",
+        "build/lib/x.py": "import torch\n",
+        "node_modules/a/b.py": "import torch\n",
+        "sub/__pycache__/x.py": "import torch\n",
+        "sub/model.py": "import torch\n",
+        "pkg.egg-info/x.py": "import torch\n",
+    }.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    found = [os.path.relpath(p, tmp_path) for p, _ in discover([str(tmp_path)])]
+    assert found == ["accelerate.yaml", "ds_config.json", "nb.ipynb", "train.py", os.path.join("sub", "model.py")]
+    # a file named explicitly is always read
+    assert list(discover([str(tmp_path / "package.json")])) == [(str(tmp_path / "package.json"), True)]
+    excluded = [os.path.relpath(p, tmp_path) for p, _ in discover([str(tmp_path)], lambda p: p.endswith("sub"))]
+    assert os.path.join("sub", "model.py") not in excluded
