@@ -145,7 +145,7 @@ def unified_diff(old: str, new: str, filename: str) -> str:
 
     return "".join(
         difflib.unified_diff(
-            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{filename}", tofile=f"b/{filename}"
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=filename, tofile=filename
         )
     )
 
