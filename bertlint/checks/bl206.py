@@ -1,0 +1,166 @@
+"""BL206 deprecated-cuda-amp — ``torch.cuda.amp.*`` (and ``torch.cpu.amp.autocast``) instead of ``torch.amp.*``.
+
+Since torch 2.4 ``torch.cuda.amp.GradScaler(args...)``, ``torch.cuda.amp.autocast(args...)`` and
+``torch.cuda.amp.custom_fwd/custom_bwd`` emit a FutureWarning; they are thin wrappers that pass ``"cuda"`` to the
+``torch.amp`` versions (``torch/cuda/amp/grad_scaler.py``, ``autocast_mode.py``). Only uses are reported (calls,
+``with`` items, decorators), whatever the import spelling (``torch.cuda.amp.X``, ``from torch.cuda.amp import X``,
+``import torch.cuda.amp as amp``, ``from torch.cuda import amp``); an import alone warns nothing and is not reported.
+
+The fix rewrites the use to ``torch.amp.X("cuda", ...)``: positional arguments of ``autocast`` become keywords
+(``torch.cuda.amp.autocast(enabled, dtype, cache_enabled)`` vs ``torch.amp.autocast(device_type, dtype, enabled,
+cache_enabled)``), ``custom_fwd/custom_bwd`` get ``device_type="cuda"``. It needs a ``torch`` module name in the
+file (``import torch``); the now-unused ``from torch.cuda.amp import X`` is left for the user or an unused-import
+fixer.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from bertlint.analysis.evalflow import torch_alias
+from bertlint.analysis.symbols import dotted
+from bertlint.registry import rule
+from bertlint.types import Applicability, Severity
+
+_DEPRECATED = {
+    "torch.cuda.amp.GradScaler": ("GradScaler", "cuda"),
+    "torch.cuda.amp.grad_scaler.GradScaler": ("GradScaler", "cuda"),
+    "torch.cuda.amp.autocast": ("autocast", "cuda"),
+    "torch.cuda.amp.autocast_mode.autocast": ("autocast", "cuda"),
+    "torch.cuda.amp.custom_fwd": ("custom_fwd", "cuda"),
+    "torch.cuda.amp.autocast_mode.custom_fwd": ("custom_fwd", "cuda"),
+    "torch.cuda.amp.custom_bwd": ("custom_bwd", "cuda"),
+    "torch.cuda.amp.autocast_mode.custom_bwd": ("custom_bwd", "cuda"),
+    "torch.cpu.amp.autocast": ("autocast", "cpu"),
+    "torch.cpu.amp.autocast_mode.autocast": ("autocast", "cpu"),
+}
+_AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
+
+
+class _Uses(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[cst.Call] = []
+        self.decorators: list[cst.Decorator] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        if isinstance(node.decorator, (cst.Name, cst.Attribute)):
+            self.decorators.append(node)
+
+
+def _kw(name: str) -> dict:
+    return dict(keyword=cst.Name(name), equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                              whitespace_after=cst.SimpleWhitespace("")))
+
+
+def _comma() -> cst.Comma:
+    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+
+
+def _new_call(call: Optional[cst.Call], callee: str, kind: str, device: str) -> Optional[cst.Call]:
+    args = list(call.args) if call is not None else []
+    dev = cst.SimpleString(f'"{device}"')
+    if kind == "GradScaler":
+        first = cst.Arg(value=dev, comma=_comma() if args else cst.MaybeSentinel.DEFAULT)
+        new_args = [first] + args
+    elif kind == "autocast":
+        new_args = [cst.Arg(value=dev, comma=_comma() if args else cst.MaybeSentinel.DEFAULT)]
+        i = 0
+        for a in args:
+            if a.star:
+                if a.star == "*":
+                    return None
+                new_args.append(a)
+                continue
+            if a.keyword is None:
+                if i >= len(_AUTOCAST_POSITIONAL):
+                    return None
+                a = a.with_changes(**_kw(_AUTOCAST_POSITIONAL[i]))
+                i += 1
+            new_args.append(a)
+    else:  # custom_fwd / custom_bwd: keyword-only device_type
+        if any(a.keyword is not None and a.keyword.value == "device_type" for a in args):
+            return None
+        dev_arg = cst.Arg(value=dev, **_kw("device_type"))
+        if args:
+            last = args[-1]
+            args[-1] = last.with_changes(comma=_comma())
+        new_args = args + [dev_arg]
+    func = cst.parse_expression(callee)
+    if call is None:
+        return cst.Call(func=func, args=new_args)
+    return call.with_changes(func=func, args=new_args)
+
+
+def _torch_target(ctx):
+    try:
+        tv = ctx.versions.torch
+    except Exception:
+        return None
+    return tv
+
+
+@rule(
+    "BL206",
+    "deprecated-cuda-amp",
+    Severity.INFO,
+    "torch.cuda.amp.* instead of torch.amp.*(\"cuda\")",
+    fix=Applicability.SAFE,
+)
+def check(ctx) -> None:
+    if "amp" not in ctx.source:
+        return
+    sym = ctx.symbols
+    if not sym.uses("torch"):
+        return
+    uses = _Uses()
+    ctx.module.visit(uses)
+    found: list[tuple[cst.CSTNode, Optional[cst.Call], str, str, str]] = []
+    for c in uses.calls:
+        if not isinstance(c.func, (cst.Name, cst.Attribute)):
+            continue
+        q = sym.qualname(c.func)
+        if q in _DEPRECATED:
+            found.append((c, c, q, *_DEPRECATED[q]))
+    for d in uses.decorators:
+        q = sym.qualname(d.decorator)
+        if q in _DEPRECATED and _DEPRECATED[q][0] in ("custom_fwd", "custom_bwd"):
+            found.append((d.decorator, None, q, *_DEPRECATED[q]))
+    if not found:
+        return
+    tv = _torch_target(ctx)
+    if tv is not None and tv.below("2.4"):
+        return  # not deprecated before torch 2.4 (and torch.amp.GradScaler only exists from 2.3)
+    version = tv.describe() if tv is not None else "torch >= 2.4"
+    t = torch_alias(sym)
+    for node, call, q, kind, device in found:
+        written = dotted(node.func if isinstance(node, cst.Call) else node) or q
+        callee = f"{t}.amp.{kind}" if t else None
+        fix = None
+        if callee is not None:
+            new = _new_call(call, callee, kind, device)
+            if new is not None:
+                new_code = ctx.module.code_for_node(new)
+                note = "" if written.startswith(f"{t}.") else f" (then drop the `{written}` import if unused)"
+                fix = ctx.fix(f"Use `{new_code}`{note}", [ctx.edit_replace(node, new_code)], Applicability.SAFE)
+        if kind == "GradScaler":
+            replacement = f'torch.amp.GradScaler("{device}", ...)'
+        elif kind == "autocast":
+            replacement = f'torch.amp.autocast("{device}", ...)'
+        else:
+            replacement = f'torch.amp.{kind}(..., device_type="{device}")'
+        shown = f"{written}(...)" if call is not None else f"@{written}"
+        alias = f" (`{written}` is `{q}`)" if written != q else ""
+        ctx.report(
+            node,
+            f"`{shown}`{alias} is deprecated since torch 2.4 (it emits a FutureWarning); it is a "
+            f"thin wrapper that passes \"{device}\" to the `torch.amp` version, so `{replacement}` behaves the "
+            f"same. Target: {version}.",
+            fix=fix,
+            data={"qualname": q, "replacement": replacement},
+        )
