@@ -127,4 +127,8 @@ def checkpointing_sites(setup, tv):
                     kws = a.get("activation_checkpointing_kwargs")
                 r, why = reentrant_of(kws, tv, "trainer")
                 out.append((a.keyword_node(flag) or a.node, kws, "trainer", r, why))
+    trainer_sites = [x for x in out if x[2] == "trainer"]
+    if trainer_sites and setup.trainer is not None:
+        # Trainer.train() enables checkpointing again with the TrainingArguments kwargs: those win
+        return trainer_sites[-1:]
     return out

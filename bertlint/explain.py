@@ -1,0 +1,471 @@
+"""``bertlint explain FILE``: what the frameworks will actually do with the training set-up(s) of a script.
+
+For each set-up: framework, model (class, parameter count from the built-in table or a local config.json), micro-batch
+per device, accumulation, world size, the effective batch as a formula, optimizer steps, the scheduler length,
+precision, checkpointing (and whether reentrant on the target version), who divides the loss by N, a first-order memory
+estimate by category with its assumptions, and the linter's findings. Text or ``--output-format json``.
+
+The memory estimate is first-order arithmetic; a precise estimator can be plugged in with
+:func:`register_memory_estimator` (a callable ``(setup, seq_len, world_size, versions) -> dict | None`` returning the
+same keys as :func:`first_order_memory`).
+
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Callable, Optional
+
+import libcst as cst
+
+from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, kwarg, literal
+
+_MEMORY_ESTIMATOR: Optional[Callable] = None
+
+
+def register_memory_estimator(fn: Optional[Callable]) -> None:
+    """Plug a memory estimator in (``None`` restores the first-order one)."""
+    global _MEMORY_ESTIMATOR
+    _MEMORY_ESTIMATOR = fn
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _v(x: Any) -> Any:
+    return None if x is UNKNOWN else x
+
+
+def _num(x: Any) -> Optional[int]:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x is UNKNOWN:
+        return None
+    if isinstance(x, float) and not x.is_integer():
+        return None
+    return int(x)
+
+
+def _bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "unknown"
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _params_text(n: Optional[int]) -> str:
+    if not n:
+        return "unknown"
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the pieces
+
+
+def who_divides(setup, versions, fs) -> dict:
+    """Who divides the loss by the accumulation steps N, on the target transformers version."""
+    from bertlint.checks._trainer import loss_ignores_num_items
+
+    tv = versions.transformers
+    a, m, t = setup.args, setup.model, setup.trainer
+    n = a.int("gradient_accumulation_steps") if a else None
+    where = f"on {tv.describe()}"
+    if n == 1:
+        return {"who": "nobody needs to", "detail": "gradient_accumulation_steps=1: no accumulation", "inflated": False}
+    if fs.disables_loss_kwargs or (t is not None and t.loss_scaling_override):
+        how = fs.disables_loss_kwargs or t.loss_scaling_override
+        return {"who": "the Trainer", "detail": f"`{how}`: the Trainer divides each micro-batch loss by the number "
+                                                f"of micro-batches in the window ({where})", "inflated": False}
+    if t is not None and t.compute_loss_func is not None:
+        return {"who": "compute_loss_func", "detail": "`compute_loss_func` receives `num_items_in_batch` and is "
+                                                      "expected to normalise by it; the Trainer does not divide",
+                "inflated": None}
+    if t is not None and t.compute_loss is not None:
+        return {"who": "depends on the compute_loss override", "detail": "a `compute_loss` override decides (BL404 "
+                                                                         "checks it)", "inflated": None}
+    fam, head = (m.family, m.head) if m else (None, None)
+    kind = loss_ignores_num_items(tv, fam, head)
+    nn = n if n else "N"
+    if kind == "5x":
+        return {"who": "nobody", "detail": f"{m.class_name} accepts `**kwargs` but ignores `num_items_in_batch`, so "
+                                           f"the Trainer does not divide and the model returns a per-micro-batch mean: "
+                                           f"loss and gradients ×{nn} {where} (BL405)", "inflated": True}
+    if kind == "446":
+        return {"who": "nobody", "detail": f"transformers 4.46.0–4.47.x do not divide the loss of models without "
+                                           f"loss kwargs: gradients ×{nn} {where} (BL405)", "inflated": True}
+    if m is None or fam is None:
+        return {"who": "unknown", "detail": "the model's class is not known statically: the Trainer divides by N "
+                                            "unless the model's forward accepts `**kwargs` (then the model must "
+                                            "normalise by `num_items_in_batch`)", "inflated": None}
+    if tv.at_least("5.0.0"):
+        return {"who": "the model", "detail": f"{m.class_name} normalises its loss by `num_items_in_batch` "
+                                              f"(token-exact) {where}", "inflated": False}
+    if tv.at_least("4.48.0"):
+        return {"who": "the Trainer", "detail": f"the Trainer divides each micro-batch loss by N before backward "
+                                                f"{where}", "inflated": False}
+    return {"who": "accelerate", "detail": f"accelerate's backward divides by N {where}", "inflated": False}
+
+
+def checkpointing_info(setup, versions) -> dict:
+    from bertlint.checks._trainer import checkpointing_sites
+
+    tv = versions.transformers
+    on = setup.checkpointing
+    if on is False:
+        return {"enabled": False, "text": "off"}
+    if on is UNKNOWN:
+        return {"enabled": None, "text": "unknown"}
+    sites = checkpointing_sites(setup, tv)
+    re = [s[3] for s in sites]
+    why = sites[0][4] if sites else ""
+    if any(r is True for r in re):
+        text = f"on, reentrant ({why})"
+        reentrant = True
+    elif re and all(r is False for r in re):
+        text = f"on, non-reentrant ({why})"
+        reentrant = False
+    else:
+        text = "on (reentrant or not: unknown)"
+        reentrant = None
+    return {"enabled": True, "reentrant": reentrant, "text": text}
+
+
+def _seq_len(ctx, setup, arg: Optional[int]) -> tuple[Optional[int], str]:
+    if arg:
+        return arg, "--seq-len"
+
+    class V(cst.CSTVisitor):
+        def __init__(self):
+            self.found = []
+
+        def visit_Call(self, node):
+            e = kwarg(node, "max_length")
+            name = (call_name(node) or "").lower()
+            if e is not None and ("token" in name or name.endswith(("encode_plus", "encode"))):
+                v = ctx.resolver.value(e)
+                if isinstance(v, int) and not isinstance(v, bool):
+                    self.found.append(v)
+
+    v = V()
+    ctx.module.visit(v)
+    if v.found:
+        return max(v.found), "tokenizer max_length in the script (an upper bound with dynamic padding)"
+    arch = (setup.model.architecture if setup.model else None) or {}
+    mp = arch.get("max_position_embeddings")
+    if isinstance(mp, int):
+        mp = min(mp, 512) if mp > 512 else mp
+        return mp, "the model's maximum positions (an upper bound; pass --seq-len)"
+    return None, "unknown (pass --seq-len)"
+
+
+def first_order_memory(setup, seq_len: Optional[int], world: Optional[int], versions) -> dict:
+    """Parameters, gradients, optimizer states and activations in bytes, with the assumptions stated."""
+    m, a = setup.model, setup.args
+    assumptions = []
+    arch = (m.architecture if m else None) or {}
+    P = m.parameters if m else None
+    out: dict = {"parameters": None, "gradients": None, "optimizer_states": None, "activations": None,
+                 "total": None, "assumptions": assumptions}
+    if not P:
+        assumptions.append("parameter count unknown: no memory estimate")
+        return out
+    assumptions.append(f"{P:,} parameters (bare encoder; the task head is small and not counted)")
+    wd = m.weights_dtype
+    wbytes = 2 if wd in ("float16", "bfloat16") else 4
+    out["parameters"] = P * wbytes
+    trainable = P
+    if m.peft or m.kbit:
+        trainable = 0
+        assumptions.append("PEFT: only the adapters train; gradients and optimizer states of the frozen base are "
+                           "counted as 0 (adapters are a fraction of a percent)")
+    out["gradients"] = trainable * wbytes
+    optim = a.get("optim") if a else UNKNOWN
+    if isinstance(optim, str) and ("8bit" in optim or "bnb" in optim):
+        out["optimizer_states"] = trainable * 2
+        assumptions.append(f"optimizer {optim}: 2 bytes of state per trainable parameter")
+    elif isinstance(optim, str) and optim.startswith("sgd"):
+        out["optimizer_states"] = 0
+        assumptions.append("SGD without momentum state assumed")
+    else:
+        out["optimizer_states"] = trainable * 8
+        assumptions.append("AdamW: two float32 moments per trainable parameter (8 bytes)")
+    assumptions.append(f"weights and gradients in {wd or 'float32'} ({wbytes} bytes each)")
+    b = _num(setup.micro_batch)
+    h, L, heads = arch.get("hidden_size"), arch.get("num_hidden_layers"), arch.get("num_attention_heads")
+    if b and seq_len and h and L and heads:
+        fp16 = a is not None and (a.get("fp16") is True or a.get("bf16") is True) or wd in ("float16", "bfloat16")
+        # Korthikanti et al. 2022: s·b·h·(34 + 5·a·s/h) bytes per layer with 16-bit activations
+        per_layer = seq_len * b * h * (34 + 5 * heads * seq_len / h)
+        if not fp16:
+            per_layer *= 2
+            assumptions.append("activations in float32 (no mixed precision): twice the 16-bit figure")
+        ckpt = setup.checkpointing is True
+        if ckpt:
+            act = L * (seq_len * b * h * (2 if fp16 else 4)) + per_layer
+            assumptions.append("checkpointing: one layer input kept per layer plus one layer's activations "
+                               "recomputed at a time")
+        else:
+            act = L * per_layer
+        assumptions.append(f"activations per layer ≈ s·b·h·(34 + 5·heads·s/h) bytes (16-bit), s={seq_len}, "
+                           f"b={b} (the micro-batch: accumulation does not add activations)")
+        out["activations"] = int(act)
+    else:
+        assumptions.append("activations unknown (micro-batch, sequence length or architecture not known)")
+    known = [out[k] for k in ("parameters", "gradients", "optimizer_states", "activations") if out[k] is not None]
+    out["total"] = int(sum(known)) if known else None
+    assumptions.append("first-order: no temporaries, allocator fragmentation or CUDA context (~0.5–1 GiB)")
+    if setup.args is not None and setup.args.get("deepspeed") not in (None, UNKNOWN):
+        assumptions.append("DeepSpeed ZeRO may shard optimizer states / gradients / parameters across processes")
+    return out
+
+
+def _steps(setup, world: Optional[int]) -> dict:
+    a = setup.args
+    if a is None:
+        return {"text": "unknown"}
+    n = a.int("gradient_accumulation_steps")
+    max_steps = a.int("max_steps")
+    epochs = _v(a.get("num_train_epochs"))
+    if max_steps and max_steps > 0:
+        return {"total": max_steps, "text": f"{max_steps} optimizer steps (max_steps; overrides num_train_epochs)"}
+    nn = n if n else "N"
+    ep = f"{epochs:g}" if isinstance(epochs, (int, float)) else "num_train_epochs"
+    return {"total": None, "per_epoch_formula": f"ceil(len(train_dataloader) / {nn})",
+            "text": f"ceil(len(train_dataloader) / {nn}) per epoch × {ep} epochs (the dataset size is not known "
+                    f"statically); the last, partial window of each epoch also steps"}
+
+
+def _scheduler(setup) -> str:
+    t, a = setup.trainer, setup.args
+    if t is not None and t.optimizers is not None:
+        return (f"given through `optimizers=({code_of(t.optimizers)[1:-1] if isinstance(t.optimizers, cst.Tuple) else code_of(t.optimizers)})`: "
+                f"the Trainer steps it once per optimizer step, so its length must be counted in optimizer steps")
+    if a is None:
+        return "unknown"
+    kind = _v(a.get("lr_scheduler_type")) or "linear"
+    warm = _v(a.get("warmup_steps"))
+    wtext = ""
+    if isinstance(warm, (int, float)) and warm:
+        wtext = f", warmup {warm:g} optimizer steps" if warm >= 1 else f", warmup {warm:g} × total steps"
+    return f"the Trainer's own `{kind}` schedule over max_steps optimizer steps (matches the steps){wtext}"
+
+
+def _world(args_world: Optional[int], settings) -> tuple[int, str, bool]:
+    if args_world:
+        return args_world, "from --world-size", True
+    w = getattr(settings, "world_size", None)
+    if isinstance(w, int) and w > 0:
+        return w, "from [tool.bertlint] world-size", True
+    return 1, "per process: world size not known (pass --world-size)", False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the report
+
+
+def explain_source(source: str, filename: str, settings=None, *, world_size: Optional[int] = None,
+                   seq_len: Optional[int] = None, findings: Optional[list] = None) -> dict:
+    """The explanation of one Python file as a JSON-ready dict."""
+    from bertlint.config import Settings
+    from bertlint.context import FileContext
+
+    settings = settings or Settings()
+    out: dict = {"filename": filename, "setups": [], "loops": [], "findings": [], "versions": {}}
+    try:
+        module = cst.parse_module(source)
+    except Exception as e:  # bad input: say so, no traceback
+        out["error"] = f"could not parse: {getattr(e, 'message', e)}"
+        return out
+    ctx = FileContext(filename, source, module, settings)
+    versions = ctx.versions
+    out["versions"] = {k: {"version": v.text, "source": v.source} for k, v in versions.by_package.items()}
+    if findings is None:
+        findings = _lint(source, filename, settings)
+    out["findings"] = [
+        {"code": d.code, "severity": d.severity.value, "row": d.start.row, "column": d.start.column,
+         "message": d.message} for d in findings
+    ]
+    fs = ctx.setup
+    world, world_src, world_known = _world(world_size, settings)
+    for s in fs.setups:
+        out["setups"].append(_explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len, findings))
+    try:
+        from bertlint.analysis import loops as _loops  # noqa: F401  (the loop engineer's analysis, if present)
+
+        for lp in ctx.loops:
+            acc = lp.accum() if hasattr(lp, "accum") else None
+            row = ctx.span(lp.node)[0].row
+            out["loops"].append({
+                "framework": getattr(lp, "owner", "plain"),
+                "row": row,
+                "accumulation": (acc.value if acc is not None and acc.value is not None else (acc.text if acc else None)),
+                "accumulation_source": acc.source if acc is not None else None,
+                "optimizer_step": ("every micro-batch" if lp.step_ungated() else "once per window" if lp.step_gated()
+                                   else "not in the loop") if hasattr(lp, "step_gated") else "unknown",
+                "loss_divided": bool(lp.loss_divisions()) if hasattr(lp, "loss_divisions") else None,
+                "findings": [f for f in out["findings"] if _in_node(ctx, lp.node, f["row"])],
+            })
+    except Exception:
+        pass
+    return out
+
+
+def _in_node(ctx, node, row: int) -> bool:
+    try:
+        a, b = ctx.span(node)
+        return a.row <= row <= b.row
+    except Exception:
+        return False
+
+
+def _lint(source: str, filename: str, settings) -> list:
+    try:
+        from bertlint.api import lint_text
+
+        return lint_text(source, filename, settings)
+    except ImportError:
+        from bertlint.engine import lint_python
+
+        return lint_python(source, filename, settings)
+
+
+def _explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len_arg, findings) -> dict:
+    a, m, t = s.args, s.model, s.trainer
+    row = ctx.span(s.node)[0].row
+    b, n = _num(s.micro_batch), _num(s.accumulation)
+    d: dict = {"framework": s.framework, "row": row}
+    if t is not None:
+        d["trainer"] = {"class": t.class_name, "variable": t.var}
+    if m is not None:
+        d["model"] = {
+            "class": m.class_name or m.declared_class, "declared": m.declared_class, "checkpoint": m.checkpoint,
+            "parameters": m.parameters, "parameters_source": m.architecture_source, "peft": m.peft or m.kbit,
+            "weights_dtype": m.weights_dtype or (m.dtype if m.dtype else None),
+        }
+    else:
+        d["model"] = None
+    d["micro_batch"] = {"value": b, "origin": a.origin("per_device_train_batch_size") if a else "unknown"}
+    d["accumulation"] = {"value": n, "origin": a.origin("gradient_accumulation_steps") if a else "unknown"}
+    d["world_size"] = {"value": world if world_known else None, "source": world_src}
+    if b and n:
+        eff = b * n * world
+        formula = f"{b} × {n} × {world} = {eff}"
+        d["effective_batch"] = {"value": eff, "formula": formula,
+                                "text": f"{eff} = {b} (per device) × {n} (accumulation) × {world} (world size"
+                                        + ("" if world_known else ": per process") + ")"}
+    else:
+        d["effective_batch"] = {"value": None, "formula": None,
+                                "text": "per_device_train_batch_size × gradient_accumulation_steps × world size "
+                                        "(values not all known statically)"}
+    d["optimizer_steps"] = _steps(s, world)
+    d["scheduler"] = _scheduler(s)
+    d["precision"] = s.precision
+    d["checkpointing"] = checkpointing_info(s, versions)
+    d["loss_division"] = who_divides(s, versions, fs)
+    sl, sl_src = _seq_len(ctx, s, seq_len_arg)
+    mem = None
+    if _MEMORY_ESTIMATOR is not None:
+        try:
+            mem = _MEMORY_ESTIMATOR(s, sl, world, versions)
+        except Exception:
+            mem = None
+    if mem is None:
+        mem = first_order_memory(s, sl, world, versions)
+    mem = dict(mem)
+    mem["seq_len"] = sl
+    mem["seq_len_source"] = sl_src
+    d["memory"] = mem
+    d["transformers"] = versions.transformers.describe()
+    d["findings"] = [f for f in (
+        {"code": x.code, "severity": x.severity.value, "row": x.start.row, "column": x.start.column,
+         "message": x.message} for x in findings)]
+    return d
+
+
+def render_text(rep: dict) -> str:
+    lines = [f"{rep['filename']}"]
+    if rep.get("error"):
+        lines.append(f"  {rep['error']}")
+        return "\n".join(lines) + "\n"
+    if not rep["setups"] and not rep["loops"]:
+        lines.append("  no training set-up found (no TrainingArguments / Trainer; no training loop)")
+    for i, d in enumerate(rep["setups"], 1):
+        lines.append(f"\nSet-up {i}: {d['framework']} (line {d['row']}), assuming {d['transformers']}")
+        m = d["model"]
+        if m:
+            p = m.get("parameters")
+            ptxt = f", {_params_text(p)} parameters ({m.get('parameters_source')})" if p else ", parameter count unknown"
+            extra = " + PEFT adapters" if m.get("peft") else ""
+            wd = f", weights {m['weights_dtype']}" if m.get("weights_dtype") else ""
+            ck = f" from {m['checkpoint']!r}" if m.get("checkpoint") else ""
+            lines.append(f"  model:            {m.get('class') or 'unknown'}{ck}{extra}{ptxt}{wd}")
+        else:
+            lines.append("  model:            unknown")
+        mb, ac = d["micro_batch"], d["accumulation"]
+        lines.append(f"  micro-batch:      {mb['value'] if mb['value'] is not None else 'unknown'} per device ({mb['origin']})")
+        lines.append(f"  accumulation:     {ac['value'] if ac['value'] is not None else 'unknown'} ({ac['origin']})")
+        ws = d["world_size"]
+        lines.append(f"  world size:       {ws['value'] if ws['value'] is not None else 1}, {ws['source']}")
+        lines.append(f"  effective batch:  {d['effective_batch']['text']}")
+        lines.append(f"  optimizer steps:  {d['optimizer_steps']['text']}")
+        lines.append(f"  scheduler:        {d['scheduler']}")
+        lines.append(f"  precision:        {d['precision']}")
+        lines.append(f"  checkpointing:    {d['checkpointing']['text']}")
+        ld = d["loss_division"]
+        lines.append(f"  loss ÷ N by:      {ld['who']} — {ld['detail']}")
+        mem = d["memory"]
+        lines.append(f"  memory (first-order, per device, seq_len {mem.get('seq_len') or 'unknown'}: {mem.get('seq_len_source')}):")
+        for k in ("parameters", "gradients", "optimizer_states", "activations", "total"):
+            lines.append(f"    {k.replace('_', ' '):<18}{_bytes(mem.get(k))}")
+        for asm in mem.get("assumptions", []):
+            lines.append(f"    - {asm}")
+    for lp in rep.get("loops", []):
+        lines.append(f"\nLoop (line {lp['row']}): {lp['framework']}; accumulation {lp['accumulation'] or 'none found'}"
+                     f"; optimizer step {lp['optimizer_step']}; loss divided: {lp['loss_divided']}")
+    lines.append("\nFindings:" if rep["findings"] else "\nFindings: none")
+    for f in rep["findings"]:
+        lines.append(f"  {rep['filename']}:{f['row']}:{f['column']}: {f['code']} {f['message']}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="bertlint explain", description="Explain the training set-up(s) of a script.")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--output-format", choices=("text", "json"), default="text")
+    p.add_argument("--world-size", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)
+    try:
+        a = p.parse_args(argv)
+    except SystemExit as e:
+        return 2 if e.code else 0
+    reports = []
+    rc = 0
+    for path in a.files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            print(f"bertlint explain: {path}: {e.strerror}", file=sys.stderr)
+            rc = 2
+            continue
+        try:
+            from bertlint.api import load_settings
+
+            settings = load_settings(path)
+        except Exception:
+            from bertlint.config import Settings
+
+            settings = Settings()
+        reports.append(explain_source(text, path, settings, world_size=a.world_size, seq_len=a.seq_len))
+    if a.output_format == "json":
+        print(json.dumps(reports if len(reports) != 1 else reports[0], indent=2, default=str))
+    else:
+        sys.stdout.write("".join(render_text(r) for r in reports))
+    return rc
