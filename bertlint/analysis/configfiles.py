@@ -535,8 +535,8 @@ def accelerate_configs_near(script_path: Optional[str]) -> list[AccelerateConfig
     return list(_acc_configs_in(d))
 
 
-@lru_cache(maxsize=128)
 def _acc_configs_in(d: str) -> tuple[AccelerateConfig, ...]:
+    """Not cached itself (edits must be seen by the LSP); each file's parse is cached by mtime."""
     out: list[AccelerateConfig] = []
     for sub in ("", "configs", "config", "accelerate_configs"):
         folder = os.path.join(d, sub) if sub else d
