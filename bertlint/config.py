@@ -60,10 +60,15 @@ class Settings:
                     best = max(best, 0 if s == "ALL" else len(s))
             return best
 
-        if self.select is None:
-            sel_len = 0 if default_enabled else -1
+        if not default_enabled:
+            # rules that are off by default are enabled only by their exact code (not by ALL or a prefix)
+            if code not in (self.select or ()) and code not in self.extend_select:
+                return False
+            sel_len = len(code)
+        elif self.select is None:
+            sel_len = 0
         else:
-            sel_len = match(self.select)
+            sel_len = max(match(self.select), match(self.extend_select))
         sel_len = max(sel_len, match(self.extend_select))
         ign_len = match(self.ignore)
         return sel_len >= 0 and sel_len > ign_len if ign_len >= 0 else sel_len >= 0

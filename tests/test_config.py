@@ -145,7 +145,9 @@ def test_cli_explicit_config_and_isolated(tmp_path, capsys):
         (["BL1"], ["BL101"], [], "BL101", True, False),
         (["BL101"], ["BL1"], [], "BL101", True, True),  # the more specific selector wins
         (["ALL"], ["BL2"], [], "BL205", True, False),
-        (["ALL"], [], [], "BL999", False, True),
+        (["ALL"], [], [], "BL999", False, False),  # off-by-default rules need their exact code
+        (["BL9"], [], [], "BL999", False, False),
+        (["BL999"], ["BL9"], [], "BL999", False, True),
         (None, ["BL"], ["BL301"], "BL301", True, True),
     ],
 )
