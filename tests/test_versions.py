@@ -1,0 +1,115 @@
+"""Target versions: settings > pins near the script > installed > current release, each with its source text."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import libcst as cst
+
+from bertlint.analysis import versions as V
+from bertlint.config import Settings
+from bertlint.context import FileContext
+
+
+def _resolve(path: Path, settings=None, use_installed=True):
+    V.pins_near.cache_clear()
+    return V.resolve(str(path), settings, use_installed=use_installed)
+
+
+def _repo(tmp_path: Path) -> Path:
+    (tmp_path / ".git").mkdir()
+    return tmp_path
+
+
+def test_settings_win_over_pins(tmp_path):
+    root = _repo(tmp_path)
+    (root / "requirements.txt").write_text("transformers==4.46.3\n")
+    vs = _resolve(root / "train.py", Settings(target_versions={"transformers": "5.0.0"}))
+    assert vs.transformers.text == "5.0.0"
+    assert vs.transformers.source == "[tool.bertlint] target-versions"
+
+
+def test_exact_pin_in_requirements_names_file_and_line(tmp_path):
+    root = _repo(tmp_path)
+    (root / "requirements.txt").write_text("# training\ntorch>=2.1\ntransformers==4.46.3  # pinned\naccelerate\n")
+    vs = _resolve(root / "train.py", use_installed=False)
+    tv = vs.transformers
+    assert (tv.text, tv.exact, tv.source) == ("4.46.3", True, "pinned in requirements.txt:3")
+    assert tv.describe() == "transformers 4.46.3 (pinned in requirements.txt:3)"
+    assert vs.accelerate.source == "assumed current release"  # a bare name pins nothing
+
+
+def test_range_resolves_to_newest_allowed_release_and_says_so(tmp_path):
+    root = _repo(tmp_path)
+    (root / "requirements-train.txt").write_text("transformers>=4.46,<4.48\n")
+    tv = _resolve(root / "train.py", use_installed=False).transformers
+    assert tv.text == "4.47.1" and not tv.exact
+    assert tv.lowest == (4, 46, 0)
+    assert "newest release allowed by `transformers>=4.46,<4.48` in requirements-train.txt:1" == tv.source
+    assert tv.between("4.46.0", "4.48.0")
+
+
+def test_specifier_forms():
+    assert V.resolve_spec("transformers", "~=4.46.0", "x").text == "4.46.3"
+    assert V.resolve_spec("transformers", "==4.46.*", "x").text == "4.46.3"
+    assert V.resolve_spec("transformers", "<5", "x").text == "4.57.1"
+    assert V.resolve_spec("transformers", ">=4.30", "x").text == "5.24.0"
+    assert V.resolve_spec("transformers", "4.57.1", "x").exact
+    assert V.resolve_spec("transformers", "", "x") is None
+
+
+def test_pyproject_setup_cfg_and_environment_yml(tmp_path):
+    root = _repo(tmp_path)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "x"\ndependencies = [\n  "transformers[torch]==4.57.1",\n  "torch>=2.4,<2.6",\n]\n')
+    (root / "setup.cfg").write_text("[options]\ninstall_requires =\n    accelerate==1.2.1\n")
+    (root / "environment.yml").write_text(
+        "name: t\ndependencies:\n  - python=3.11\n  - pytorch-lightning=2.4.0\n  - pip:\n    - deepspeed==0.15.4\n")
+    vs = _resolve(root / "train.py", use_installed=False)
+    assert vs.transformers.text == "4.57.1" and vs.transformers.source == "pinned in pyproject.toml:4"
+    assert vs.torch.text == "2.5.0" and "pyproject.toml:5" in vs.torch.source
+    assert vs.accelerate.text == "1.2.1" and vs.accelerate.source == "pinned in setup.cfg:3"
+    assert vs.lightning.text == "2.4.0" and vs.lightning.source == "pinned in environment.yml:4"
+    assert vs.deepspeed.text == "0.15.4" and vs.deepspeed.source == "pinned in environment.yml:6"
+
+
+def test_nearest_file_wins_and_search_stops_at_repo_root(tmp_path):
+    outer = tmp_path / "outer"
+    (outer / "repo" / "examples" / "glue").mkdir(parents=True)
+    (outer / "requirements.txt").write_text("transformers==4.30.0\n")  # above the repository: ignored
+    repo = outer / "repo"
+    (repo / ".git").mkdir()
+    (repo / "requirements.txt").write_text("transformers==4.57.1\ntorch==2.3.0\n")
+    (repo / "examples" / "glue" / "requirements.txt").write_text("transformers==5.0.0\n")
+    vs = _resolve(repo / "examples" / "glue" / "run.py", use_installed=False)
+    assert vs.transformers.text == "5.0.0"
+    assert vs.torch.text == "2.3.0"  # the parent's pin for a package the nearer file does not name
+    vs2 = _resolve(repo / "train.py", use_installed=False)
+    assert vs2.transformers.text == "4.57.1"
+
+
+def test_installed_then_current_release(tmp_path):
+    root = _repo(tmp_path)
+    vs = _resolve(root / "train.py")
+    want = importlib.metadata.version("transformers")
+    assert vs.transformers.source == "installed"
+    assert vs.transformers.text == ".".join(want.split("+")[0].split(".")[:3])
+    cur = _resolve(root / "train.py", use_installed=False)
+    assert cur.transformers.text == "5.24.0" and cur.transformers.source == "assumed current release"
+    assert cur.lightning.text == "2.6.6" and cur.deepspeed.text == "0.19.8" and cur.accelerate.text == "1.15.0"
+
+
+def test_ctx_versions_is_cached_and_reads_settings(tmp_path):
+    src = "import transformers\n"
+    ctx = FileContext(str(tmp_path / "t.py"), src, cst.parse_module(src),
+                      Settings(target_versions={"transformers": "4.46.0"}))
+    assert ctx.versions is ctx.versions
+    assert ctx.versions.transformers.between("4.46.0", "4.48.0")
+
+
+def test_unreadable_specs_do_not_raise(tmp_path):
+    root = _repo(tmp_path)
+    (root / "requirements.txt").write_text("transformers @ git+https://github.com/x/y\n-e .\ntransformers[\n\x00\n")
+    vs = _resolve(root / "t.py", use_installed=False)
+    assert vs.transformers.source == "assumed current release"
