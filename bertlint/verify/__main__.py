@@ -1,0 +1,52 @@
+"""``python -m bertlint.verify SCRIPT [--steps N] [--timeout S] [--report DIR] [--nproc N] [--json] [-- ARGS]``:
+lint SCRIPT and verify its findings at runtime (the same as ``bertlint --verify``; handy under ``torchrun``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, script_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="python -m bertlint.verify")
+    p.add_argument("script")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps to observe (default 2)")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--report", default=None, help="folder for verify.json and memory_timeline.png")
+    p.add_argument("--nproc", type=int, default=None, help="run the script under torchrun with N processes")
+    p.add_argument("--memory-limit", type=int, default=None, help="simulate an out-of-memory error past N bytes")
+    p.add_argument("--json", action="store_true", help="print the diagnostics as a JSON array")
+    a = p.parse_args(argv)
+    from bertlint.verify import verify_script
+
+    try:
+        from bertlint.api import lint_path
+
+        diags = lint_path(a.script)
+    except Exception:
+        from bertlint.engine import lint_python
+
+        with open(a.script, encoding="utf-8", errors="replace") as f:
+            diags = lint_python(f.read(), a.script)
+    res = verify_script(a.script, script_args, diags, steps=a.steps, timeout=a.timeout, report_dir=a.report,
+                        nproc=a.nproc, memory_limit=a.memory_limit)
+    if a.json:
+        print(json.dumps([d.to_json() for d in res.diagnostics], indent=2))
+    else:
+        for d in res.diagnostics:
+            v = d.verification
+            print(f"{d.filename}:{d.start.row}:{d.start.column}: {d.code} {d.message}")
+            if v is not None:
+                print(f"    verification: {v.status}: {v.evidence}")
+        print(res.report_text)
+    return 1 if res.diagnostics else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
