@@ -1,0 +1,93 @@
+"""bertlint explain: the article's configuration gives effective batch 16 (2 × 8 × 1) and the BL405 finding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bertlint.config import Settings
+from bertlint.explain import explain_source, main, register_memory_estimator, render_text
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTICLE = ROOT / "fixtures" / "trainer" / "article_bad.py"
+
+
+def test_article_text_output(capsys):
+    assert main([str(ARTICLE)]) == 0
+    out = capsys.readouterr().out
+    assert "effective batch:  16 = 2 (per device) × 8 (accumulation) × 1 (world size: per process)" in out
+    assert "BertForSequenceClassification from 'bert-base-uncased', 109.5M parameters" in out
+    assert "micro-batch:      2 per device" in out and "accumulation:     8" in out
+    assert "precision:        fp16 mixed precision" in out
+    assert "checkpointing:    on, non-reentrant" in out
+    assert "loss ÷ N by:      nobody" in out and "×8" in out
+    assert "BL405" in out and "Findings:" in out
+
+
+def test_article_json_output(capsys):
+    assert main([str(ARTICLE), "--output-format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    (s,) = rep["setups"]
+    assert s["effective_batch"]["value"] == 16 and s["effective_batch"]["formula"] == "2 × 8 × 1 = 16"
+    assert s["model"]["parameters"] == 109482240
+    assert s["loss_division"]["inflated"] is True
+    assert any(f["code"] == "BL405" for f in s["findings"])
+    mem = s["memory"]
+    for k in ("parameters", "gradients", "optimizer_states", "activations"):
+        assert isinstance(mem[k], int) and mem[k] >= 0
+    assert mem["parameters"] == 109482240 * 4 and mem["optimizer_states"] == 109482240 * 8
+    assert mem["seq_len"] == 256 and "max_length" in mem["seq_len_source"]
+    assert mem["assumptions"]
+
+
+def test_world_size_and_seq_len_options(capsys):
+    main([str(ARTICLE), "--output-format", "json", "--world-size", "4", "--seq-len", "128"])
+    (s,) = json.loads(capsys.readouterr().out)["setups"]
+    assert s["effective_batch"]["formula"] == "2 × 8 × 4 = 64"
+    assert s["world_size"] == {"value": 4, "source": "from --world-size"}
+    assert s["memory"]["seq_len"] == 128
+
+
+def test_world_size_from_settings():
+    rep = explain_source(ARTICLE.read_text(), str(ARTICLE), Settings(world_size=2))
+    assert rep["setups"][0]["effective_batch"]["value"] == 32
+
+
+def test_who_divides_on_other_versions():
+    src = ARTICLE.read_text()
+    rep = explain_source(src, "t.py", Settings(target_versions={"transformers": "4.57.1"}))
+    ld = rep["setups"][0]["loss_division"]
+    assert ld["who"] == "the Trainer" and ld["inflated"] is False
+    assert not any(f["code"] == "BL405" for f in rep["findings"])
+    rep = explain_source(src + "trainer.model_accepts_loss_kwargs = False\n", "t.py",
+                         Settings(target_versions={"transformers": "5.24.0"}))
+    assert rep["setups"][0]["loss_division"]["who"] == "the Trainer"
+    rep = explain_source(src, "t.py", Settings(target_versions={"transformers": "4.44.2"}))
+    assert rep["setups"][0]["checkpointing"]["reentrant"] is True
+
+
+def test_memory_hook_replaces_first_order_estimate():
+    register_memory_estimator(lambda setup, seq, world, versions: {"parameters": 1, "assumptions": ["plugged"]})
+    try:
+        rep = explain_source(ARTICLE.read_text(), str(ARTICLE))
+        assert rep["setups"][0]["memory"]["parameters"] == 1
+    finally:
+        register_memory_estimator(None)
+
+
+def test_unknown_values_and_bad_input():
+    rep = explain_source("from transformers import Trainer\nTrainer(model=m, args=a)\n", "t.py")
+    (s,) = rep["setups"]
+    assert s["effective_batch"]["value"] is None and s["model"] is None
+    text = render_text(rep)
+    assert "unknown" in text
+    bad = explain_source("def (:\n", "t.py")
+    assert "error" in bad and "could not parse" in render_text(bad)
+
+
+def test_no_setup_is_said(tmp_path, capsys):
+    p = tmp_path / "x.py"
+    p.write_text("print('hello')\n")
+    assert main([str(p)]) == 0
+    assert "no training set-up found" in capsys.readouterr().out
+    assert main([str(tmp_path / "missing.py")]) == 2
