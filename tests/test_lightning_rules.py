@@ -144,3 +144,21 @@ def test_deepspeed_config_for_other_frameworks_not_bl408(tmp_path):
            "cfg = {'gradient_accumulation_steps': 4, 'train_micro_batch_size_per_gpu': 2, 'gradient_clipping': 1.0}\n"
            "engine, *_ = deepspeed.initialize(model=m, config=cfg)\n")
     assert _lint(tmp_path, src) == []
+
+
+def test_fit_with_unresolved_model_is_not_guessed(tmp_path):
+    src = MANUAL.replace("class Auto(L.LightningModule):\n    def training_step(self, batch, batch_idx):\n"
+                         "        return batch.sum()\n", "")
+    src = src.replace("class Base(L.LightningModule):\n    pass\n\n\nclass M(Base):", "class M(L.LightningModule):")
+    bad = src + "\ntrainer = L.Trainer(accumulate_grad_batches=4)\ntrainer.fit(build_model())\n"
+    assert _lint(tmp_path, bad) == []
+    # no fit() in the file: the one module and the one Trainer are taken together
+    alone = src + "\ndef make_trainer():\n    return L.Trainer(accumulate_grad_batches=4)\n"
+    assert len(_lint(tmp_path, alone)) == 1
+
+
+def test_fabric_deepspeed_strategy_not_reported(tmp_path):
+    src = ("from lightning.fabric import Fabric\nfrom lightning.fabric.strategies import DeepSpeedStrategy\n"
+           "fabric = Fabric(strategy=DeepSpeedStrategy(config={'gradient_accumulation_steps': 4,"
+           " 'zero_optimization': {'stage': 2}}))\n")
+    assert _lint(tmp_path, src) == []

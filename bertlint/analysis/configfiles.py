@@ -848,7 +848,8 @@ def _find_uses(ctx: Any) -> Iterator[DSUse]:
             arg, fw = kwarg(call, "hf_ds_config"), "accelerate"
             if arg is None:
                 arg = positional(call, 0)
-        elif last == "DeepSpeedStrategy" and (q == last or q.startswith(("lightning", "pytorch_lightning"))):
+        elif last == "DeepSpeedStrategy" and (q == last or q.startswith(("lightning", "pytorch_lightning"))) \
+                and ".fabric" not in q:  # Fabric's strategy does not own the accumulation
             arg, fw = kwarg(call, "config"), "lightning"
         elif last == "DeepSpeedPlugin" and q.startswith("pytorch_lightning"):
             arg, fw = kwarg(call, "config"), "lightning"

@@ -206,10 +206,12 @@ def _class_of_expr(ctx, expr, func, modules: dict, depth: int = 0) -> Optional[s
 def _link(ctx, modules: dict, trainers: list) -> list[tuple[_Module, _Trainer]]:
     pairs = []
     seen = set()
+    fit_calls = 0
     for call, func, _cls in cf.all_calls(ctx):
         f = call.func
         if not isinstance(f, cst.Attribute) or f.attr.value != "fit":
             continue
+        fit_calls += 1
         target = dotted(f.value)
         trs = [t for t in trainers if t.var and t.var == target] or [t for t in trainers if t.call is f.value]
         if len(trs) != 1:
@@ -219,7 +221,8 @@ def _link(ctx, modules: dict, trainers: list) -> list[tuple[_Module, _Trainer]]:
         if cname and (cname, id(trs[0])) not in seen:
             seen.add((cname, id(trs[0])))
             pairs.append((modules[cname], trs[0]))
-    if not pairs and len(modules) == 1 and len(trainers) == 1:
+    # no fit() in the file at all (the Trainer is returned or fitted elsewhere): one module + one Trainer go together
+    if not pairs and not fit_calls and len(modules) == 1 and len(trainers) == 1:
         pairs.append((next(iter(modules.values())), trainers[0]))
     return pairs
 
