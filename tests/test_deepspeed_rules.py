@@ -247,3 +247,16 @@ def test_bl411_accelerate_yaml_with_config_file_not_warned(tmp_path):
     y = ("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
          "  deepspeed_config_file: ds.json\n  gradient_clipping: 0.0\nnum_processes: 2\n")
     assert _lint(tmp_path, {"accelerate_config.yaml": y}, "accelerate_config.yaml") == []
+
+
+def test_bl402_engine_script_ignores_accelerate_launcher_config(tmp_path):
+    files = {"accelerate_config.yaml": "distributed_type: DEEPSPEED\nnum_processes: 2\n",
+             "t.py": "import deepspeed\nDS = {'train_batch_size': 32, 'train_micro_batch_size_per_gpu': 4,"
+                     " 'gradient_accumulation_steps': 8, 'gradient_clipping': 1.0}\n"
+                     "engine, *_ = deepspeed.initialize(model=m, config=DS)\n"}
+    assert _lint(tmp_path, files, "t.py") == []  # consistent at world size 1; the `deepspeed` launcher decides
+    files["t.py"] = files["t.py"].replace("deepspeed.initialize(model=m, config=DS)",
+                                          "None\nfrom accelerate import DeepSpeedPlugin\n"
+                                          "p = DeepSpeedPlugin(hf_ds_config=DS)")
+    (d,) = _lint(tmp_path, files, "t.py")
+    assert "4 × 8 × 2 = 64" in d.message

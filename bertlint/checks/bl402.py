@@ -26,7 +26,7 @@ _FIX = (
 )
 
 
-def findings(data, world_size=None, world_source=""):
+def findings(data, world_size=None, world_source="", version=""):
     """[(key path, message)] for a DeepSpeed config dict."""
     ds = cf.DeepSpeedConfig.from_data(data)
     if ds is None:
@@ -36,8 +36,14 @@ def findings(data, world_size=None, world_source=""):
     if bc.status in ("never", "mismatch", "invalid"):
         ws = "" if world_size is not None or bc.status != "never" else (
             " The world size is not known statically (set `world-size` in [tool.bertlint] to check it too).")
-        return [(bc.key, f"DeepSpeed batch triple inconsistent: {bc.message}{ws}{_FIX}")]
+        on = f" ({version})" if version else ""
+        return [(bc.key, f"DeepSpeed batch triple inconsistent{on}: {bc.message}{ws}{_FIX}")]
     return []
+
+
+def _version(ctx) -> str:
+    v, src = cf.deepspeed_version(ctx)
+    return f"deepspeed {cf.vtext(v)}, {src}"
 
 
 @rule(
@@ -65,19 +71,22 @@ def _check_config(ctx) -> None:
         except Exception:
             accs = []
     ws, src = cf.world_size_for(ctx.settings, accs)
-    for key, msg in findings(ctx.data, ws, src):
+    for key, msg in findings(ctx.data, ws, src, _version(ctx)):
         ctx.report_key(key, msg, data={"world_size": ws})
 
 
 def _check_script(ctx) -> None:
     if "train_batch_size" not in ctx.source:
         return
-    ws, src = cf.launcher_world_size(ctx)
+    launcher = cf.launcher_world_size(ctx)
+    settings_only = cf.world_size_for(ctx.settings, [])
     for use in cf.deepspeed_uses(ctx):
         if use.dict_node is None or use.mutated or not isinstance(use.data, dict):
             continue
         if use.framework == "lightning":
             continue  # Lightning sets the batch values itself (BL408 covers its config)
-        for key, msg in findings(use.data, ws, src):
+        # an accelerate launcher config beside the script says nothing about a raw engine started by `deepspeed`
+        ws, src = settings_only if use.framework == "engine" else launcher
+        for key, msg in findings(use.data, ws, src, _version(ctx)):
             node = use.key_nodes.get(key, use.dict_node)
             ctx.report(node, msg, data={"world_size": ws})
