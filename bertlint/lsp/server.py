@@ -114,6 +114,12 @@ class LintOutcome:
     crash: Optional[str] = None
 
 
+# The last results per file name: an undo, or typing a character and deleting it, gives back a text that
+# was linted a moment ago; with the same settings its diagnostics are the same.
+_recent: dict[str, list[tuple[str, Any, list[Diagnostic]]]] = {}
+_RECENT_PER_FILE = 4
+
+
 def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
     """Runs on the worker thread."""
     guard_rules()
@@ -126,6 +132,11 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
     if settings is not None and convert.is_excluded(settings, filename):
         out.diagnostics = []
         return out
+    recent = _recent.setdefault(filename, [])
+    for old_text, old_settings, old_diags in recent:
+        if old_text == text and old_settings == settings:
+            out.diagnostics = list(old_diags)
+            return out
     _tls.rule_errors = out.rule_errors
     try:
         out.diagnostics = convert.lint(text, filename, settings)
@@ -133,7 +144,14 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
         out.crash = traceback.format_exc(limit=12)
     finally:
         _tls.rule_errors = None
+    if out.diagnostics is not None and not out.rule_errors:
+        recent.insert(0, (text, settings, list(out.diagnostics)))
+        del recent[_RECENT_PER_FILE:]
     return out
+
+
+def forget(filename: str) -> None:
+    _recent.pop(filename, None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -444,6 +462,7 @@ class BertlintServer(LanguageServer):
         return res
 
     async def relint_all(self) -> None:
+        _recent.clear()
         for nb in list(self.workspace.notebook_documents.values()):
             await self.lint_notebook(nb.uri)
         for uri in sorted(self.open_uris):
@@ -456,6 +475,7 @@ class BertlintServer(LanguageServer):
         if task is not None and not task.done():
             task.cancel()
         self.results.pop(uri, None)
+        forget(self.fs_path(uri) or "")
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
 
     # ---- code actions
@@ -609,6 +629,7 @@ def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))
     async def did_save(ls: BertlintServer, params: types.DidSaveTextDocumentParams) -> None:
         uri = params.text_document.uri
+        _recent.clear()  # a saved file may be one a script reads (a DeepSpeed JSON): lint afresh
         if os.path.basename(ls.fs_path(uri) or "") in CONFIG_NAMES:
             await ls.relint_all()
             return
