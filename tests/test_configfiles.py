@@ -271,3 +271,49 @@ def test_lint_path_never_imports_frameworks(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+ODD_CONFIGS = [
+    "{}", "[]", "null", "3", '"text"', '{"train_batch_size": null}', '{"train_batch_size": "30"}',
+    '{"train_batch_size": true, "train_micro_batch_size_per_gpu": 4, "zero_optimization": 2}',
+    '{"zero_optimization": [], "fp16": "yes", "optimizer": 1, "scheduler": {"params": 3}}',
+    '{"train_batch_size": 1e400, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {}}',
+    '{"train_batch_size": 99999999999999999999, "train_micro_batch_size_per_gpu": 7, "zero_optimization": {}}',
+]
+ODD_YAML = ["", "- a\n- b\n", "distributed_type: [1, 2]\ndeepspeed_config: 3\n",
+            "{1: 2, distributed_type: DEEPSPEED, deepspeed_config: {gradient_clipping: .nan}}\n",
+            "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_clipping: '0'\n"]
+ODD_SCRIPTS = [
+    "import deepspeed\ndeepspeed.initialize(config=None)\n",
+    "import deepspeed\ndeepspeed.initialize(model=m, config={**base, 'train_batch_size': 3})\n",
+    "import deepspeed\ndeepspeed.initialize(model=m, config={k: 1 for k in ks})\n",
+    "from transformers import TrainingArguments\nTrainingArguments(deepspeed=True)\n",
+    "from transformers import TrainingArguments\nTrainingArguments(deepspeed={1: 2, 'train_batch_size': 'x'})\n",
+    "from accelerate import DeepSpeedPlugin\nDeepSpeedPlugin('nope.json', gradient_clipping=0)\n",
+    "import lightning as L\nclass M(L.LightningModule):\n    automatic_optimization = False\nL.Trainer(accumulate_grad_batches={0: 8, 4: 2}).fit(M())\n",
+    "import lightning as L\nfrom lightning.pytorch.strategies import DeepSpeedStrategy\n"
+    "L.Trainer(strategy=DeepSpeedStrategy(config='/nonexistent/ds.json'))\n",
+]
+
+
+def test_odd_inputs_never_raise(tmp_path, monkeypatch):
+    from bertlint import engine
+    from bertlint.api import lint_path as lp
+
+    def boom(code, filename, exc):
+        raise exc
+
+    monkeypatch.setattr(engine, "on_internal_error", boom)
+    sel = Settings(select=["BL402", "BL403", "BL408", "BL411"])
+    for i, text in enumerate(ODD_CONFIGS):
+        p = tmp_path / f"c{i}.json"
+        p.write_text(text)
+        lp(str(p), sel)
+    for i, text in enumerate(ODD_YAML):
+        p = tmp_path / f"accelerate_c{i}.yaml"
+        p.write_text(text)
+        lp(str(p), sel)
+    for i, text in enumerate(ODD_SCRIPTS):
+        p = tmp_path / f"s{i}.py"
+        p.write_text(text)
+        lp(str(p), sel)
