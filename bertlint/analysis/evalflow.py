@@ -683,8 +683,12 @@ class EvalFlow:
         """Names read by the backward calls of ``scope`` (receiver chain and arguments)."""
         out: set[str] = set()
         for c in self.calls:
-            if self.scope.get(c) is scope and self.is_backward_call(c):
-                out |= names_in(c)
+            if self.scope.get(c) is scope:
+                if self.is_backward_call(c):
+                    out |= names_in(c)
+                elif c.args and self._calls_training_function(c):  # self._step(loss) with a backward inside
+                    for a in c.args:
+                        out |= names_in(a.value)
         return out
 
     def derived(self, names: set[str], scope: Scope, after: Optional[cst.CSTNode] = None) -> set[str]:
@@ -792,8 +796,41 @@ class EvalFlow:
                 return any(self.carries_graph(a.value, env) for a in expr.args)
             if self.loss_kind(expr) is not None:
                 return any(self.carries_graph(a.value, env) for a in expr.args)
+            if isinstance(func, cst.Name):
+                return self._helper_returns_graph(func.value, expr, env)
             return False
         return False
+
+    def _helper_returns_graph(self, name: str, call: cst.Call, env: dict[str, bool]) -> bool:
+        """A module-level function of this file (``mean_pool(hidden, mask)``) whose every return carries the graph
+        of a graph-carrying argument."""
+        fns = [f for f in self.symbols.functions.get(name, []) if self.scope.get(f) is None]
+        if len(fns) != 1 or name in self.symbols.imports:
+            return False
+        fn = fns[0]
+        params = [p for p in fn.params.params]
+        if any(a.star or a.keyword is not None for a in call.args) or len(call.args) > len(params):
+            return False
+        flags = tuple(self.carries_graph(a.value, env) for a in call.args)
+        if not any(flags):
+            return False
+        key = (id(fn), flags)
+        memo = self.__dict__.setdefault("_helper_memo", {})
+        if key in memo:
+            return bool(memo[key])
+        memo[key] = False  # recursion guard
+        if any(self.ctx_kind(d.decorator) in (DISABLED, "inference", UNKNOWN) for d in fn.decorators):
+            return False
+        local = {p.name.value: f for p, f in zip(params, flags)}
+        for s in self.statements(fn.body):
+            if isinstance(s, cst.Assign):
+                self._bind([t.target for t in s.targets], s.value, local)
+            elif isinstance(s, cst.With):
+                return False  # grad mode may change inside: stay silent
+        rets = [r for r in self.returns.get(fn, []) if isinstance(r, cst.Return)]
+        res = bool(rets) and all(r.value is not None and self.carries_graph(r.value, local) for r in rets)
+        memo[key] = res
+        return res
 
     def statements(self, body: cst.CSTNode) -> Iterator[cst.CSTNode]:
         """Small statements of a block in source order, descending into compound statements (not into nested
