@@ -753,27 +753,38 @@ class _Builder:
                 ta.explicit[name] = Setting(v, "attribute assignment", assigns[-1].node)
 
     # ---- models
-    def model_from_expr(self, expr: Optional[cst.BaseExpression], func: Any, depth: int = 0) -> Optional[ModelInfo]:
+    def model_from_expr(self, expr: Optional[cst.BaseExpression], func: Any, depth: int = 0,
+                        before_row: Optional[int] = None) -> Optional[ModelInfo]:
+        """The model ``expr`` evaluates to. A name must be bound only by calls bertlint understands (a model
+        constructor, ``from_pretrained``, a cast, PEFT wrapping) before ``before_row``; anything else (a custom
+        wrapper, ``torch.compile``, a value from elsewhere) makes the model unknown."""
         if expr is None or depth > 6:
             return None
         if isinstance(expr, cst.Name):
             if expr.value in self._resolving:
                 return None
             assigns = self.t.assignments_of(expr.value, func)
+            if before_row is not None:
+                assigns = [a for a in assigns if a.func is not func or self.ctx.span(a.node)[0].row < before_row]
             if not assigns:
                 return None
             info = ModelInfo(None, var=expr.value)
-            found = False
+            classes = set()
             self._resolving.add(expr.value)
             try:
                 for a in assigns:
-                    if isinstance(a.value, cst.Call):
-                        sub = self._model_from_call(a.value, a.func, depth + 1, info)
-                        found = found or sub
+                    if not isinstance(a.value, cst.Call):
+                        return None
+                    sub = ModelInfo(None, var=expr.value)
+                    if not self._model_from_call(a.value, a.func, depth + 1, sub):
+                        return None
+                    if sub.class_name or sub.declared_class:
+                        classes.add((sub.class_name, sub.declared_class, sub.checkpoint))
+                    self._merge(info, sub)
             finally:
                 self._resolving.discard(expr.value)
-            if not found:
-                return None
+            if len(classes) > 1:  # different models on different paths: the class is not known
+                info.class_name = info.family = info.head = info.architecture = None
             self._scan_model_var(info, expr.value, func)
             return info
         if isinstance(expr, cst.Call):
@@ -802,6 +813,8 @@ class _Builder:
             if isinstance(inner, cst.Call):
                 return self._model_from_call(inner, func, depth + 1, info)
             if isinstance(inner, cst.Name):
+                if inner.value in self._resolving:
+                    return True  # `model = model.half()`: the other bindings of the name say what it is
                 sub = self.model_from_expr(inner, func, depth + 1)
                 if sub:
                     self._merge(info, sub)
@@ -1032,7 +1045,7 @@ class _Builder:
         ti.optimizers = kwarg(call, "optimizers")
         ti.callbacks = kwarg(call, "callbacks")
         if ti.model_expr is not None:
-            ti.model = self.model_from_expr(ti.model_expr, site.func)
+            ti.model = self.model_from_expr(ti.model_expr, site.func, before_row=self.ctx.span(site.call)[0].row)
         else:
             mi = kwarg(call, "model_init")
             fname = dotted(mi) if mi is not None else None
