@@ -393,26 +393,29 @@ async def test_broken_file_is_reported_and_the_server_recovers(tmp_path):
 
 
 async def test_pyproject_configuration_is_honoured(tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[tool.bertlint]\nignore = ["BL101"]\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.bertlint]\nper-file-ignores = {"legacy_*.py" = ["BL101"]}\n')
     sub = tmp_path / "scripts"
     sub.mkdir()
-    path = sub / "train.py"
+    (sub / "pyproject.toml").write_text('[tool.bertlint]\nignore = ["BL101"]\n')
     async with session(tmp_path) as client:
-        uri = open_doc(client, path, BUGGY)
-        diags = await wait_for(client, uri)
-        assert "BL101" not in codes(diags)
+        # the nearest configuration above each file applies: ignore, per-file-ignores
+        ignored = open_doc(client, sub / "train.py", BUGGY)
+        legacy = open_doc(client, tmp_path / "legacy_train.py", BUGGY)
+        plain = open_doc(client, tmp_path / "train.py", BUGGY)
+        await wait_for(client, plain, lambda ds: "BL101" in codes(ds))
+        assert "BL101" not in codes(await wait_for(client, ignored))
+        assert "BL101" not in codes(await wait_for(client, legacy))
 
-        # a noqa-suppressed line stays silent too, with the code re-enabled by a second file's config
-        other_dir = tmp_path / "other"
-        other_dir.mkdir()
-        (other_dir / "pyproject.toml").write_text("[tool.bertlint]\n")
-        other = open_doc(client, other_dir / "train.py", BUGGY)
-        await wait_for(client, other, lambda ds: "BL101" in codes(ds))
+        # a broken configuration is reported to the user; the file is linted with the defaults
+        (sub / "pyproject.toml").write_text('[tool.bertlint]\nignore = "BL101\n')
+        change_doc(client, ignored, BUGGY + "\n", 2)
+        await wait_for(client, ignored, lambda ds: "BL101" in codes(ds))
+        assert any("configuration" in m.message for m in client.messages + client.log_messages)
 
         # editing the configuration takes effect at the next lint
-        (tmp_path / "pyproject.toml").write_text("[tool.bertlint]\n")
-        change_doc(client, uri, BUGGY + "\n", 2)
-        await wait_for(client, uri, lambda ds: "BL101" in codes(ds))
+        (sub / "pyproject.toml").write_text('[tool.bertlint]\nignore = ["BL1"]\n')
+        change_doc(client, ignored, BUGGY, 3)
+        await wait_for(client, ignored, lambda ds: "BL101" not in codes(ds) and client.published[-1].version == 3)
 
 
 async def test_hover_shows_the_rule(tmp_path):

@@ -228,6 +228,8 @@ class BertlintServer(LanguageServer):
         if once_key is not None:
             if once_key in self._logged:
                 return
+            if len(self._logged) > 2000:  # parse errors while typing: keep the memory bounded
+                self._logged.clear()
             self._logged.add(once_key)
         logger.log(
             {types.MessageType.Error: logging.ERROR, types.MessageType.Warning: logging.WARNING}.get(
@@ -241,12 +243,13 @@ class BertlintServer(LanguageServer):
             logger.debug("could not send window/logMessage", exc_info=True)
 
     def _report(self, uri: str, outcome: LintOutcome) -> None:
-        if outcome.config_error:
-            self.log(
-                f"configuration error for {uri}: {outcome.config_error}; linting with the default settings",
-                types.MessageType.Warning,
-                once_key=("config", outcome.config_error),
-            )
+        if outcome.config_error and ("config", outcome.config_error) not in self._logged:
+            message = f"configuration error for {uri}: {outcome.config_error}; linting with the default settings"
+            self.log(message, types.MessageType.Warning, once_key=("config", outcome.config_error))
+            try:  # a broken pyproject.toml deserves more than a log line: the CLI exits 2 on it
+                self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=f"bertlint: {message}"))
+            except Exception:
+                logger.debug("could not send window/showMessage", exc_info=True)
         for code, exc, tb in outcome.rule_errors:
             self.log(
                 f"rule {code} raised {type(exc).__name__}: {exc} while linting {uri}; its diagnostics are "
