@@ -1,0 +1,206 @@
+"""Lint-path benchmark (issue 2).
+
+1. Whole-process latency of ``bertlint FILE`` on a ~200-line and a ~1,200-line training script
+   (benchmarks/data/train_small.py, train_large.py) against the floor
+   ``python -c "import libcst; libcst.parse_module(src)"``; median of several runs.
+   Targets: <= 1.5x the floor and <= 0.4 s for the 1,200-line script.
+2. The installed transformers, accelerate and torch source trees as a large body of real code: files/s,
+   crashes (internal errors, tracebacks, exit status), unparsable files reported (BL001) compared with what
+   CPython's own parser rejects.
+
+    python benchmarks/bench_lint.py                       # everything
+    python benchmarks/bench_lint.py --runs 11 --no-trees  # latency only
+    python benchmarks/bench_lint.py --trees accelerate --limit 200 --json out.json
+
+Nothing here imports torch / transformers / accelerate: the trees are located with importlib.util.find_spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+
+
+def _bertlint_cmd() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "bertlint")
+    if os.path.exists(exe):
+        return [exe]
+    found = shutil.which("bertlint")
+    return [found] if found else [sys.executable, "-m", "bertlint"]
+
+
+def _time(cmd: list[str], runs: int, env: dict) -> tuple[float, list[float], int]:
+    times = []
+    rc = 0
+    subprocess.run(cmd, capture_output=True, env=env)  # warm the page cache and the .pyc files
+    for _ in range(runs):
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, env=env)
+        times.append(time.perf_counter() - t)
+        rc = p.returncode
+    return statistics.median(times), times, rc
+
+
+def latency(runs: int) -> list[dict]:
+    env = {**os.environ, "NO_COLOR": "1"}
+    out = []
+    for name in ("train_small.py", "train_large.py"):
+        path = os.path.join(DATA, name)
+        with open(path) as f:
+            lines = len(f.read().splitlines())
+        floor_cmd = [sys.executable, "-c", f"import libcst; libcst.parse_module(open({path!r}).read())"]
+        lint_cmd = [*_bertlint_cmd(), path]
+        floor, floor_all, _ = _time(floor_cmd, runs, env)
+        lint, lint_all, rc = _time(lint_cmd, runs, env)
+        row = {
+            "file": f"benchmarks/data/{name}",
+            "lines": lines,
+            "runs": runs,
+            "floor_median_s": round(floor, 4),
+            "bertlint_median_s": round(lint, 4),
+            "ratio": round(lint / floor, 3),
+            "bertlint_exit": rc,
+            "floor_all_s": [round(t, 4) for t in floor_all],
+            "bertlint_all_s": [round(t, 4) for t in lint_all],
+        }
+        out.append(row)
+        print(
+            f"{row['file']:<32} {lines:>5} lines  floor {floor:.3f} s  bertlint {lint:.3f} s  "
+            f"ratio {lint / floor:.2f}x  (exit {rc})",
+            flush=True,
+        )
+    big = out[-1]
+    print(
+        f"targets for the 1,200-line script: ratio <= 1.5x: {'met' if big['ratio'] <= 1.5 else 'NOT met'}; "
+        f"<= 0.4 s: {'met' if big['bertlint_median_s'] <= 0.4 else 'NOT met'}",
+        flush=True,
+    )
+    return out
+
+
+def _tree(pkg: str):
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _py_files(root: str) -> list[str]:
+    sys.path.insert(0, os.path.dirname(HERE))
+    from bertlint.sources import discover
+
+    return [p for p, _ in discover([root]) if p.endswith(".py")]
+
+
+def trees(names: list[str], limit: int, jobs: int) -> list[dict]:
+    out = []
+    for pkg in names:
+        root = _tree(pkg)
+        if root is None:
+            print(f"{pkg}: not installed, skipped", flush=True)
+            continue
+        files = _py_files(root)
+        if limit:
+            files = files[:limit]
+        total_lines = 0
+        cpython_rejects = set()
+        for f in files:
+            try:
+                with open(f, "rb") as fh:
+                    src = fh.read()
+                total_lines += src.count(b"\n")
+                ast.parse(src)
+            except (SyntaxError, ValueError):
+                cpython_rejects.add(f)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as lst:
+            lst.write("\n".join(files))
+        # pass the files explicitly (in chunks) so --limit is honoured; all rules on
+        reported: dict[str, list[str]] = {}
+        crashes = []
+        n_diags = 0
+        t = time.perf_counter()
+        chunk = 4000
+        for i in range(0, len(files), chunk):
+            cmd = [*_bertlint_cmd(), "--select", "ALL", "--output-format", "json-lines", "--exit-zero", "-q", "--jobs", str(jobs), *files[i : i + chunk]]
+            p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
+            if p.returncode != 0:
+                crashes.append(f"exit {p.returncode}: {p.stderr[-500:]}")
+            for line in p.stderr.splitlines():
+                if "internal error" in line or line.startswith("Traceback"):
+                    crashes.append(line)
+            for line in p.stdout.splitlines():
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    crashes.append(f"bad output line: {line[:200]}")
+                    continue
+                n_diags += 1
+                if d["code"] == "BL001":
+                    reported.setdefault(d["filename"], []).append(d["message"])
+        dt = time.perf_counter() - t
+        os.unlink(lst.name)
+        not_reported = sorted(cpython_rejects - set(reported))
+        row = {
+            "package": pkg,
+            "root": root,
+            "files": len(files),
+            "lines": total_lines,
+            "seconds": round(dt, 2),
+            "files_per_s": round(len(files) / dt, 1) if dt else None,
+            "lines_per_s": round(total_lines / dt) if dt else None,
+            "diagnostics": n_diags,
+            "crashes": crashes,
+            "unparsable_reported": {os.path.relpath(k, root): v for k, v in sorted(reported.items())},
+            "cpython_rejects": len(cpython_rejects),
+            "cpython_rejects_not_reported": [os.path.relpath(f, root) for f in not_reported],
+        }
+        out.append(row)
+        print(
+            f"{pkg:<13} {len(files):>5} files {total_lines:>8} lines  {dt:7.1f} s  {row['files_per_s']} files/s  "
+            f"{len(crashes)} crashes  {len(reported)} BL001 files  (CPython rejects {len(cpython_rejects)}, "
+            f"not reported {len(not_reported)}: prefiltered files are not parsed)",
+            flush=True,
+        )
+        for k, v in row["unparsable_reported"].items():
+            print(f"    BL001 {k}: {v[0][:140]}", flush=True)
+        for c in crashes[:10]:
+            print(f"    CRASH {c[:300]}", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--trees", default="transformers,accelerate,torch")
+    ap.add_argument("--no-trees", action="store_true")
+    ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--limit", type=int, default=0, help="lint only the first N files of each tree")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", help="write the figures to this file")
+    a = ap.parse_args()
+    result: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    if not a.no_latency:
+        result["latency"] = latency(a.runs)
+    if not a.no_trees:
+        result["trees"] = trees([t for t in a.trees.split(",") if t], a.limit, a.jobs)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=2)
+    crashed = any(r["crashes"] for r in result.get("trees", []))
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
