@@ -39,9 +39,14 @@ def version(ctx, package: str) -> Optional[str]:
 
 
 def fw(ctx, package: str, display: Optional[str] = None) -> str:
-    v = version(ctx, package)
+    """``accelerate 1.15.0 (installed)``: the framework and version a message assumes."""
     name = display or package
-    return f"{name} {v}" if v else name
+    try:
+        tv = ctx.versions.get(package)
+        return f"{name} {tv.text}"
+    except Exception:
+        v = version(ctx, package)
+        return f"{name} {v}" if v else name
 
 
 def sev(ev: Event, default: Severity = Severity.ERROR) -> Severity:

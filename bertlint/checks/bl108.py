@@ -41,7 +41,7 @@ def check(ctx) -> None:
                     continue
                 ctx.report(
                     e.call,
-                    f"`{e.name}()` runs when `{g.text}` is {'false' if g.eq_zero else 'true'}... i.e. on the "
+                    f"`{e.name}()` runs only when `{g.text}` is {'false' if g.eq_zero else 'true'}, i.e. on the "
                     f"micro-batches that are NOT the last of a window: it steps {_n(ctx, loop, g)} - 1 times per window "
                     f"on partial gradients and never after the window's last micro-batch. Invert the condition: "
                     f"step when `({g.index_text} + 1) % {g.modulus_text} == 0`.",
