@@ -300,21 +300,74 @@ def explain_source(source: str, filename: str, settings=None, *, world_size: Opt
         from bertlint.analysis import loops as _loops  # noqa: F401  (the loop engineer's analysis, if present)
 
         for lp in ctx.loops:
-            acc = lp.accum() if hasattr(lp, "accum") else None
-            row = ctx.span(lp.node)[0].row
-            out["loops"].append({
-                "framework": getattr(lp, "owner", "plain"),
-                "row": row,
-                "accumulation": (acc.value if acc is not None and acc.value is not None else (acc.text if acc else None)),
-                "accumulation_source": acc.source if acc is not None else None,
-                "optimizer_step": ("every micro-batch" if lp.step_ungated() else "once per window" if lp.step_gated()
-                                   else "not in the loop") if hasattr(lp, "step_gated") else "unknown",
-                "loss_divided": bool(lp.loss_divisions()) if hasattr(lp, "loss_divisions") else None,
-                "findings": [f for f in out["findings"] if _in_node(ctx, lp.node, f["row"])],
-            })
+            out["loops"].append(_explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len, out))
     except Exception:
         pass
     return out
+
+
+class _LoopSetup:
+    """A hand-written loop seen as a set-up (for the memory estimate)."""
+
+    def __init__(self, framework, node, model, micro_batch, accumulation, checkpointing):
+        self.framework, self.node, self.model = framework, node, model
+        self.trainer, self.args = None, None
+        self.micro_batch, self.accumulation, self.checkpointing = micro_batch, accumulation, checkpointing
+
+
+def _loop_batch_size(ctx, lp) -> tuple[Optional[int], str]:
+    vals = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, node):
+            if (call_name(node) or "").split(".")[-1] == "DataLoader":
+                e = kwarg(node, "batch_size")
+                if e is None and len(node.args) > 1 and node.args[1].keyword is None:
+                    e = node.args[1].value
+                vals.add(ctx.resolver.int_value(e) if e is not None else 1)
+
+    ctx.module.visit(V())
+    if len(vals) == 1 and None not in vals:
+        return vals.pop(), "DataLoader batch_size"
+    return None, "unknown (no single DataLoader batch_size)"
+
+
+def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_arg, out) -> dict:
+    acc = lp.accum() if hasattr(lp, "accum") else None
+    row = ctx.span(lp.node)[0].row
+    n = acc.value if acc is not None and acc.value is not None else (None if acc is not None else 1)
+    b, b_src = _loop_batch_size(ctx, lp)
+    models = list(fs.models)
+    model = models[0] if len(models) == 1 else None
+    ck = bool(model is not None and model.checkpointing)
+    d = {
+        "framework": getattr(lp, "owner", "plain"),
+        "row": row,
+        "accumulation": (acc.value if acc is not None and acc.value is not None else (acc.text if acc else None)),
+        "accumulation_source": acc.source if acc is not None else None,
+        "optimizer_step": ("every micro-batch" if lp.step_ungated() else "once per window" if lp.step_gated()
+                           else "not in the loop") if hasattr(lp, "step_gated") else "unknown",
+        "loss_divided": bool(lp.loss_divisions()) if hasattr(lp, "loss_divisions") else None,
+        "micro_batch": {"value": b, "origin": b_src},
+        "model": None if model is None else {"class": model.class_name or model.declared_class,
+                                             "parameters": model.parameters,
+                                             "parameters_source": model.architecture_source},
+        "findings": [f for f in out["findings"] if _in_node(ctx, lp.node, f["row"])],
+    }
+    if b and isinstance(n, int) and d["optimizer_step"] == "every micro-batch":
+        d["effective_batch"] = {"value": b * world, "formula": f"{b} × 1 × {world} = {b * world} — the optimizer "
+                                f"steps on every micro-batch, so the accumulation of {n} does not happen"}
+    elif b and isinstance(n, int):
+        eff = b * n * world
+        d["effective_batch"] = {"value": eff, "formula": f"{b} × {n} × {world} = {eff}"}
+    else:
+        d["effective_batch"] = {"value": None, "formula": None}
+    pseudo = _LoopSetup(d["framework"], lp.node, model, b, n, ck)
+    sl, sl_src = _seq_len(ctx, pseudo, seq_len_arg)
+    mem = dict(first_order_memory(pseudo, sl, world, versions))
+    mem["seq_len"], mem["seq_len_source"] = sl, sl_src
+    d["memory"] = mem
+    return d
 
 
 def _in_node(ctx, node, row: int) -> bool:
@@ -427,8 +480,25 @@ def render_text(rep: dict) -> str:
         for asm in mem.get("assumptions", []):
             lines.append(f"    - {asm}")
     for lp in rep.get("loops", []):
-        lines.append(f"\nLoop (line {lp['row']}): {lp['framework']}; accumulation {lp['accumulation'] or 'none found'}"
-                     f"; optimizer step {lp['optimizer_step']}; loss divided: {lp['loss_divided']}")
+        lines.append(f"\nLoop (line {lp['row']}): {lp['framework']} training loop")
+        m = lp.get("model")
+        if m:
+            p = m.get("parameters")
+            lines.append(f"  model:            {m.get('class') or 'unknown'}"
+                         + (f", {_params_text(p)} parameters ({m.get('parameters_source')})" if p else ""))
+        mb = lp.get("micro_batch") or {}
+        lines.append(f"  micro-batch:      {mb.get('value') if mb.get('value') is not None else 'unknown'} ({mb.get('origin')})")
+        lines.append(f"  accumulation:     {lp['accumulation'] or 'none found'}"
+                     + (f" ({lp['accumulation_source']})" if lp.get("accumulation_source") else ""))
+        eff = lp.get("effective_batch") or {}
+        if eff.get("formula"):
+            lines.append(f"  effective batch:  {eff['formula']} (per device × accumulation × world size)")
+        lines.append(f"  optimizer step:   {lp['optimizer_step']}; loss divided by N: {lp['loss_divided']}")
+        mem = lp.get("memory") or {}
+        if mem.get("total"):
+            lines.append(f"  memory (first-order, seq_len {mem.get('seq_len')}): "
+                         + ", ".join(f"{k.replace('_', ' ')} {_bytes(mem.get(k))}" for k in
+                                     ("parameters", "gradients", "optimizer_states", "activations")))
     lines.append("\nFindings:" if rep["findings"] else "\nFindings: none")
     for f in rep["findings"]:
         lines.append(f"  {rep['filename']}:{f['row']}:{f['column']}: {f['code']} {f['message']}")

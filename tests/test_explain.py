@@ -91,3 +91,32 @@ def test_no_setup_is_said(tmp_path, capsys):
     assert main([str(p)]) == 0
     assert "no training set-up found" in capsys.readouterr().out
     assert main([str(tmp_path / "missing.py")]) == 2
+
+
+def test_hand_written_loop_is_reported_when_the_loop_analysis_exists():
+    import pytest
+
+    pytest.importorskip("bertlint.analysis.loops")
+    src = '''import torch
+from torch.utils.data import DataLoader
+from transformers import BertConfig, BertForSequenceClassification
+
+model = BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=37, vocab_size=100))
+loader = DataLoader(data, batch_size=4)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+N = 4
+for step, batch in enumerate(loader):
+    loss = model(**batch).loss / N
+    loss.backward()
+    if (step + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+'''
+    rep = explain_source(src, "loop.py", Settings())
+    (lp,) = rep["loops"]
+    assert lp["micro_batch"]["value"] == 4 and lp["accumulation"] == 4
+    assert lp["effective_batch"]["formula"] == "4 × 4 × 1 = 16"
+    assert lp["model"]["class"] == "BertForSequenceClassification"
+    assert lp["memory"]["parameters"] > 0
+    assert "effective batch:  4 × 4 × 1 = 16" in render_text(rep)

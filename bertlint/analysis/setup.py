@@ -1129,6 +1129,22 @@ class _Builder:
         for ti in fs.trainers:
             if ti.model is not None:
                 fs.models.append(ti.model)
+        # models built outside any Trainer (hand-written loops, accelerate scripts): ``explain`` and the memory
+        # simulator read them; rules about Trainers never do
+        seen = {(m.var, id(m.node)) for m in fs.models}
+        for site in self.col.calls:
+            if len(site.targets) != 1 or not site.targets[0] or "." in site.targets[0]:
+                continue
+            last = (call_name(site.call) or "").split(".")[-1]
+            head = (dotted(site.call.func.value) or "") if isinstance(site.call.func, cst.Attribute) else ""
+            if not (last == "from_pretrained" and (head.split(".")[-1].startswith("AutoModel") or split_class(head.split(".")[-1])[0])) \
+                    and not split_class(last)[0]:
+                continue
+            m = self.model_from_expr(cst.Name(site.targets[0]), site.func)
+            if m is not None and m.node is not None and (m.var, id(m.node)) not in seen \
+                    and all(x.node is not m.node for x in fs.models):
+                fs.models.append(m)
+                seen.add((m.var, id(m.node)))
         return fs
 
 
