@@ -184,3 +184,18 @@ def test_discovery_skips_default_excludes_and_unrelated_json(tmp_path):
     assert list(discover([str(tmp_path / "package.json")])) == [(str(tmp_path / "package.json"), True)]
     excluded = [os.path.relpath(p, tmp_path) for p, _ in discover([str(tmp_path)], lambda p: p.endswith("sub"))]
     assert os.path.join("sub", "model.py") not in excluded
+
+
+def test_shared_node_index():
+    import libcst as cst
+
+    from bertlint.context import FileContext
+
+    src = "import torch\n\n@deco\ndef f(x):\n    return g(h(x))\n\nfor b in loader:\n    opt.step()\n"
+    ctx = FileContext("t.py", src, cst.parse_module(src), Settings())
+    calls = ctx.index.of(cst.Call)
+    assert [cst.Module([]).code_for_node(c.func) for c in calls] == ["g", "h", "opt.step"]
+    step = calls[2]
+    assert [type(a).__name__ for a in ctx.index.ancestors(step)][:4] == ["Expr", "SimpleStatementLine", "IndentedBlock", "For"]
+    assert len(ctx.index.of(cst.BaseCompoundStatement)) == 2  # FunctionDef and For (subclasses)
+    assert ctx.index.parent(ctx.module) is None
