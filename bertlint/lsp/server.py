@@ -453,6 +453,9 @@ class BertlintServer(LanguageServer):
             if res is None or res.version != nb.version:
                 await self.lint_notebook(nb.uri)
                 res = self.results.get(uri)
+                nb = self.workspace.get_notebook_document(cell_uri=uri)
+            if res is None or nb is None or res.version != nb.version:
+                return None
             return res
         doc = self.doc(uri)
         if doc is None:
@@ -460,8 +463,11 @@ class BertlintServer(LanguageServer):
         if res is None or res.version != doc.version:
             path = self.fs_path(uri) or ""
             if path.endswith(".ipynb"):
-                return res  # notebooks read as JSON are linted on save only
-            res = await self.lint_document(uri) or res
+                return res  # notebooks read as JSON are linted on save only (their actions never edit)
+            res = await self.lint_document(uri)
+        doc = self.doc(uri)
+        if res is None or doc is None or res.version != doc.version:
+            return None  # the text moved on while linting: edits computed for the old text would corrupt it
         return res
 
     async def relint_all(self) -> None:
