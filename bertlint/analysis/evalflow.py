@@ -271,6 +271,8 @@ class EvalFlow:
         cur, child = self.parent.get(node), node
         while cur is not None:
             if isinstance(cur, (cst.For, cst.While)) and child is cur.body:
+                if isinstance(cur, cst.For) and cur.asynchronous is not None:
+                    return None  # async iteration: not a torch data loop we understand
                 return cur
             if isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return None
@@ -552,6 +554,8 @@ class EvalFlow:
             return False
         d = dotted(func)
         if not d or d == "self" or d == "super":
+            return False
+        if isinstance(self.parent.get(call), cst.Await):
             return False
         head = d.split(".")[0]
         if head in self.symbols.imports and head != "self":

@@ -183,7 +183,7 @@ def check(ctx) -> None:
             if isinstance(s, (cst.For, cst.While)):
                 continue
             if flow.loop_of(s) is loop:
-                hit = _accumulation(flow, s, env) if any(env.values()) else None
+                hit = _accumulation(flow, s, env)
                 if hit is not None:
                     _consider(ctx, flow, loop, scope, s, hit, training)
             if isinstance(s, cst.Assign):

@@ -236,8 +236,8 @@ def _training_region(flow, call: cst.Call, scope) -> bool:
         return flow.has_backward(loop)
     if scope is not None:
         return flow.has_backward(scope)
-    for c in flow.calls:
-        if flow.scope.get(c) is None and flow.order[c] > flow.order[call] and flow._is_train_call(c):
+    for c in flow.calls:  # module level: a backward later in the script (or around this call)
+        if flow.scope.get(c) is None and flow.end[c] >= flow.order[call] and flow._is_train_call(c):
             return True
     return False
 
