@@ -317,3 +317,23 @@ def test_odd_inputs_never_raise(tmp_path, monkeypatch):
         p = tmp_path / f"s{i}.py"
         p.write_text(text)
         lp(str(p), sel)
+
+
+def test_launcher_accumulation_for(tmp_path):
+    (tmp_path / "accelerate_config.yaml").write_text(
+        "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  gradient_accumulation_steps: 4\n")
+    ctx = _ctx(tmp_path, "from accelerate import Accelerator\naccelerator = Accelerator()\n")
+    n, src = cf.launcher_accumulation_for(ctx)
+    assert n == 4 and "accelerate_config.yaml" in src
+    # a config file named by the YAML
+    d2 = tmp_path / "b"
+    d2.mkdir()
+    (d2 / "default_config.yaml").write_text(
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n")
+    (d2 / "ds.json").write_text('{"gradient_accumulation_steps": 8, "zero_optimization": {"stage": 2}}')
+    assert cf.launcher_accumulation_for(_ctx(d2, "import accelerate\n"))[0] == 8
+    # DDP launcher configs inject nothing; mixed configs: unknown
+    d3 = tmp_path / "c"
+    d3.mkdir()
+    (d3 / "accelerate_ddp.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    assert cf.launcher_accumulation_for(_ctx(d3, "import accelerate\n")) == (None, "")

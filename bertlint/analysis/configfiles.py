@@ -990,6 +990,32 @@ def deepspeed_gas_for(ctx: Any, framework: Optional[str] = None) -> tuple[Option
     return None, ""
 
 
+def launcher_accumulation_for(ctx: Any) -> tuple[Optional[int], str]:
+    """The gradient accumulation ``accelerate launch`` injects for the launcher configs beside the script.
+
+    With ``distributed_type: DEEPSPEED``, ``deepspeed_config.gradient_accumulation_steps: N`` becomes the env var
+    ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` (``utils/launch.py``), which overrides the ``Accelerator(...)``
+    argument (REFERENCE §2.1): ``accumulate()`` is then configured although the code passes nothing. (N, source)
+    when every launcher config beside the script is DeepSpeed and they agree on an integer N; (None, "") otherwise.
+    (A ``deepspeed_config_file`` is read for its ``gradient_accumulation_steps`` when the YAML does not set it.)"""
+    cfgs = accelerate_configs_for(ctx)
+    if not cfgs or not all(c.uses_deepspeed for c in cfgs):
+        return None, ""
+    vals = set()
+    for c in cfgs:
+        g = c.gradient_accumulation_steps
+        if g is None and c.deepspeed_file():
+            doc = load_document(c.deepspeed_file())
+            g = doc.data.get("gradient_accumulation_steps") if isinstance(doc.data, dict) else None
+        if not _is_int(g):
+            return None, ""
+        vals.add(g)
+    if len(vals) != 1:
+        return None, ""
+    names = ", ".join(sorted({os.path.basename(c.path or "?") for c in cfgs}))
+    return next(iter(vals)), f"gradient_accumulation_steps in the accelerate launcher config {names}"
+
+
 def launcher_world_size(ctx: Any) -> tuple[Optional[int], str]:
     """(world size, source) from ``[tool.bertlint] world-size`` or the accelerate launcher config(s) beside the
     script; (None, "") when the launch command decides."""
