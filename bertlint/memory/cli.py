@@ -72,6 +72,10 @@ def main(argv: Optional[list] = None) -> int:
     except MemoryInputError as e:
         print(f"bertlint memory: {a.script}: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001
+        print(f"bertlint memory: {a.script}: cannot resolve the training set-up: {type(e).__name__}: {e} "
+              "(pass --model-config, --head, --micro-batch and --seq-len)", file=sys.stderr)
+        return 2
     from bertlint.memory.simulate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, simulate
 
     overhead = CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
@@ -90,6 +94,11 @@ def main(argv: Optional[list] = None) -> int:
             res = simulate(spec, a.device, what_if=not a.no_what_if, gpu_bytes=gpu["bytes"] - 0 if gpu else None)
         except MemoryInputError as e:
             print(f"bertlint memory: {a.script}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        except Exception as e:  # noqa: BLE001 - never a traceback: say what failed
+            print(f"bertlint memory: {a.script}: the simulation failed: {type(e).__name__}: {e} (please report it)",
+                  file=sys.stderr)
             failed += 1
             continue
         if gpu_note:

@@ -79,13 +79,13 @@ def _transformers():
 
 def build_config(spec: MemorySpec):
     transformers = _transformers()
-    cfg = dict(spec.config)
+    cfg = {k: v for k, v in spec.config.items() if v is not None}
     model_type = cfg.pop("model_type")
     for k in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
         cfg.pop(k, None)
     try:
         config = transformers.AutoConfig.for_model(model_type, **cfg)
-    except (ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - transformers raises several kinds on a bad configuration
         raise MemoryInputError(
             f"transformers {transformers.__version__} cannot build a configuration of model_type {model_type!r} ({e}); "
             "pass --model-config PATH to a config.json of a supported architecture") from None

@@ -41,8 +41,8 @@ def what_if_table(res: MemoryResult, device: str, gpu_bytes: Optional[int]) -> l
 
     if s.micro_batch > 1:
         sim("micro-batch 1", micro_batch=1)
-    if s.seq_len > 64:
-        half = max(32, s.seq_len // 2)
+    if s.seq_len >= 32:
+        half = s.seq_len // 2
         sim(f"sequence length {half}", seq_len=half)
     if not s.checkpointing:
         sim("activation checkpointing on (non-reentrant)", checkpointing=True, reentrant=False)

@@ -1,0 +1,148 @@
+"""Accuracy and speed of ``bertlint memory``.
+
+Accuracy: for each configuration of the grid, the simulated peak of one training step (fake tensors, CPU storage
+rules) is compared with a real CPU run of the same step measured by the same tensor accounting
+(``bertlint.memory.simulate.measure_real``). Target: every row within +-5 %.
+Speed: the time to simulate one bert-large step (target <= 30 s) and a whole ``bertlint memory`` run with the
+what-if table.
+
+    python benchmarks/bench_memory.py                # the grid (about 10-15 min on 2 cores) + speed
+    python benchmarks/bench_memory.py --quick        # 4 small rows + speed
+    python benchmarks/bench_memory.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bertlint.memory.simulate import measure_real, simulate  # noqa: E402
+from bertlint.memory.spec import MemorySpec, lookup_architecture  # noqa: E402
+
+GiB = 1024**3
+# (model, micro-batch, seq, precision, checkpointing): bert-base and bert-large; micro-batch 1, 8, 32; seq 128 and
+# 512; fp32 and bf16 autocast; checkpointing off and on. Rows whose real run would not fit this 24 GB / 2-core
+# machine in the time budget (bert-large x 8 x 512, x 32) are simulated in the speed section only.
+GRID = [
+    ("bert-base-uncased", 1, 128, "fp32", False),
+    ("bert-base-uncased", 1, 128, "bf16", False),
+    ("bert-base-uncased", 1, 512, "fp32", False),
+    ("bert-base-uncased", 1, 512, "bf16", False),
+    ("bert-base-uncased", 1, 512, "fp32", True),
+    ("bert-base-uncased", 8, 128, "fp32", False),
+    ("bert-base-uncased", 8, 128, "bf16", False),
+    ("bert-base-uncased", 8, 128, "fp32", True),
+    ("bert-base-uncased", 8, 128, "bf16", True),
+    ("bert-base-uncased", 32, 128, "fp32", False),
+    ("bert-large-uncased", 1, 128, "fp32", False),
+    ("bert-large-uncased", 1, 128, "bf16", False),
+    ("bert-large-uncased", 1, 512, "fp32", False),
+    ("bert-large-uncased", 1, 512, "bf16", True),
+    ("bert-large-uncased", 8, 128, "fp32", False),
+    ("bert-large-uncased", 8, 128, "bf16", True),
+]
+QUICK = [GRID[0], GRID[1], GRID[4], GRID[10]]
+
+
+def spec_for(model: str, mb: int, seq: int, prec: str, ckpt: bool) -> MemorySpec:
+    return MemorySpec(config=lookup_architecture(model), head="AutoModelForSequenceClassification", model_name=model,
+                      micro_batch=mb, seq_len=seq, precision=prec, checkpointing=ckpt)
+
+
+def accuracy(grid) -> list[dict]:
+    rows = []
+    for model, mb, seq, prec, ckpt in grid:
+        spec = spec_for(model, mb, seq, prec, ckpt)
+        t = time.perf_counter()
+        c = time.process_time()
+        sim = simulate(spec, "cpu")
+        t_sim = time.perf_counter() - t
+        cpu_sim = time.process_time() - c
+        gc.collect()
+        t = time.perf_counter()
+        c = time.process_time()
+        real = measure_real(spec)
+        t_real = time.perf_counter() - t
+        cpu_real = time.process_time() - c
+        gc.collect()
+        err = 100.0 * (sim.peak_bytes - real.peak_bytes) / real.peak_bytes
+        row = {"model": model.replace("-uncased", ""), "micro_batch": mb, "seq_len": seq, "precision": prec,
+               "checkpointing": ckpt, "simulated_bytes": sim.peak_bytes, "real_bytes": real.peak_bytes,
+               "error_pct": round(err, 3), "sim_phase": sim.peak_phase, "real_phase": real.peak_phase,
+               "categories_equal": sim.by_category == real.by_category, "sim_s": round(t_sim, 1),
+               "real_s": round(t_real, 1), "sim_cpu_s": round(cpu_sim, 1), "real_cpu_s": round(cpu_real, 1)}
+        rows.append(row)
+        print(f"  {row['model']:<10} B={mb:<2} L={seq:<3} {prec:<4} ckpt={'on ' if ckpt else 'off'} "
+              f"sim {sim.peak_bytes / GiB:7.3f} GiB  real {real.peak_bytes / GiB:7.3f} GiB  {err:+6.2f} %  "
+              f"({sim.peak_phase}/{real.peak_phase}; sim {t_sim:.1f} s wall {cpu_sim:.1f} s cpu, "
+              f"real {t_real:.1f} s wall {cpu_real:.1f} s cpu)", flush=True)
+    return rows
+
+
+def speed() -> dict:
+    out = {}
+    for label, spec, dev in [
+        ("bert-large B=8 L=512 fp32 (cuda rules)", spec_for("bert-large-uncased", 8, 512, "fp32", False), "cuda"),
+        ("bert-large B=32 L=512 fp32 (cuda rules)", spec_for("bert-large-uncased", 32, 512, "fp32", False), "cuda"),
+        ("bert-base B=32 L=512 fp32 (cpu rules; the issue's 25.1 GiB)", spec_for("bert-base-uncased", 32, 512, "fp32", False), "cpu"),
+    ]:
+        t = time.perf_counter()
+        c = time.process_time()
+        r = simulate(spec, dev)
+        dt = time.perf_counter() - t
+        dc = time.process_time() - c
+        out[label] = {"seconds": round(dt, 1), "cpu_seconds": round(dc, 1), "peak_bytes": r.peak_bytes,
+                      "peak_phase": r.peak_phase}
+        print(f"  simulate {label}: {dt:.1f} s wall, {dc:.1f} s cpu, peak {r.peak_bytes / GiB:.2f} GiB in {r.peak_phase}", flush=True)
+    t = time.perf_counter()
+    c = time.process_time()
+    r = simulate(spec_for("bert-large-uncased", 8, 512, "fp32", False), "cuda", what_if=True)
+    dt = time.perf_counter() - t
+    dc = time.process_time() - c
+    out["bert-large B=8 L=512 with the what-if table"] = {"seconds": round(dt, 1), "cpu_seconds": round(dc, 1),
+                                                          "rows": len(r.what_if)}
+    print(f"  simulate bert-large B=8 L=512 + what-if table ({len(r.what_if)} rows): {dt:.1f} s wall, "
+          f"{dc:.1f} s cpu", flush=True)
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | B | L | precision | ckpt | simulated GiB | real CPU GiB | error % | phase (sim/real) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['micro_batch']} | {r['seq_len']} | {r['precision']} | "
+                     f"{'on' if r['checkpointing'] else 'off'} | {r['simulated_bytes'] / GiB:.3f} | "
+                     f"{r['real_bytes'] / GiB:.3f} | {r['error_pct']:+.2f} | {r['sim_phase']}/{r['real_phase']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-speed", action="store_true")
+    p.add_argument("--json", metavar="FILE")
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    print("accuracy: simulated peak vs a real CPU step (same tensor accounting)", flush=True)
+    rows = accuracy(QUICK if a.quick else GRID)
+    sp = {} if a.no_speed else (print("speed", flush=True) or speed())
+    print()
+    print(markdown(rows))
+    worst = max(abs(r["error_pct"]) for r in rows)
+    ok = worst <= 5.0
+    print(f"\nworst error {worst:.2f} % ({'within' if ok else 'OUTSIDE'} +-5 %); total {time.perf_counter() - t0:.0f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "speed": sp, "worst_error_pct": worst}, f, indent=2)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
