@@ -32,7 +32,7 @@ import os
 import libcst as cst
 
 from bertlint.analysis import configfiles as cf
-from bertlint.analysis.symbols import UNKNOWN, call_name, dotted, literal
+from bertlint.analysis.symbols import UNKNOWN
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 

@@ -7,7 +7,7 @@ PyTorch Lightning 2.x (REFERENCE §4, ``exp_lightning_ga.out``):
   ``Trainer(gradient_clip_val > 0)``: manual optimization accumulates and clips by hand.
 * Under automatic optimization Lightning divides the loss returned by ``training_step`` by
   ``accumulate_grad_batches`` itself; dividing again in ``training_step`` is reported as BL104 (loss-scaled-twice),
-  not here (one mistake, one code). ``_double_division`` is kept as a helper.
+  not here (one mistake, one code).
 * ``DeepSpeedStrategy`` raises "Do not set `gradient_accumulation_steps` in the DeepSpeed config" when the config it
   is given holds that key (``_format_batch_size_and_grad_accum_config``).
 
@@ -25,7 +25,7 @@ from typing import Any, Optional
 import libcst as cst
 
 from bertlint.analysis import configfiles as cf
-from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, dotted, kwarg, literal, positional
+from bertlint.analysis.symbols import UNKNOWN, call_name, dotted, kwarg, literal, positional
 from bertlint.registry import rule
 from bertlint.types import Severity
 
@@ -291,144 +291,8 @@ def check(ctx) -> None:
                 data={"clip": clip, "module": cname},
             )
     # The training_step double division (`return loss / self.trainer.accumulate_grad_batches`) is BL104's
-    # (RULES.md: "loss-scaled-twice ... Lightning accumulate_grad_batches"); `_double_division` below is kept for
-    # `explain` and is not reported under BL408, so one mistake gets one code.
+    # (RULES.md: "loss-scaled-twice ... Lightning accumulate_grad_batches"): one mistake, one code.
     _deepspeed_config(ctx)
-
-
-# ------------------------------------------------------------------------------------ double division
-
-
-def _returned_divisions(fdef: cst.FunctionDef) -> list[tuple[cst.BinaryOperation, cst.BaseExpression]]:
-    """(division node, divisor) for each loss the function returns that was divided: ``return loss / k``,
-    ``return {"loss": loss / k}``, or ``loss = ... / k`` / ``loss /= k`` then ``return loss`` /
-    ``return {"loss": loss}``."""
-    returns: list[cst.BaseExpression] = []
-    assigns: dict[str, list] = {}
-
-    class V(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is fdef
-
-        def visit_Lambda(self, node) -> bool:
-            return False
-
-        def visit_Return(self, node: cst.Return) -> None:
-            if node.value is not None:
-                returns.append(node.value)
-
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for t in node.targets:
-                if isinstance(t.target, cst.Name):
-                    assigns.setdefault(t.target.value, []).append(node.value)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.target, cst.Name) and isinstance(node.operator, cst.DivideAssign):
-                assigns.setdefault(node.target.value, []).append(node)
-
-    fdef.visit(V())
-    out = []
-
-    def from_expr(e, depth=0):
-        if depth > 3 or e is None:
-            return
-        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Divide):
-            out.append((e, e.right))
-            return
-        if isinstance(e, cst.Dict):
-            for el in e.elements:
-                if isinstance(el, cst.DictElement) and literal(el.key) == "loss":
-                    from_expr(el.value, depth + 1)
-            return
-        if isinstance(e, cst.Call) and (call_name(e) or "") == "dict":
-            from_expr(kwarg(e, "loss"), depth + 1)
-            return
-        if isinstance(e, cst.Name):
-            for v in assigns.get(e.value, []):
-                if isinstance(v, cst.AugAssign):
-                    out.append((v, v.value))
-                else:
-                    from_expr(v, depth + 1)
-
-    for r in returns:
-        from_expr(r)
-    return out
-
-
-def _divisor_kind(ctx, divisor, func) -> tuple[str, Any]:
-    """("trainer", None) for ``self.trainer.accumulate_grad_batches``; ("value", int) for a static int;
-    ("name", attr) for an attribute/name that mentions accumulation; ("other", None)."""
-    d = dotted(divisor) or ""
-    if d.endswith("trainer.accumulate_grad_batches"):
-        return "trainer", None
-    if cf.is_static_expr(ctx, divisor, func):
-        v = ctx.resolver.value(divisor, func)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return "value", v
-    last = d.split(".")[-1] if d else ""
-    if "accum" in last.lower() or last.lower() in ("grad_acc", "gas", "ga_steps"):
-        return "name", last
-    return "other", None
-
-
-def _double_division(ctx, modules: dict, trainers: list, pairs: list) -> None:
-    by_module: dict[str, list] = {}
-    for mod, tr in pairs:
-        by_module.setdefault(mod.cls.name.value, []).append(tr)
-    ver = None
-    for cname, mod in modules.items():
-        if mod.manual is not None or mod.training_step is None:
-            continue
-        trs = by_module.get(cname, [])
-        for div_node, divisor in _returned_divisions(mod.training_step):
-            kind, val = _divisor_kind(ctx, divisor, mod.training_step)
-            if kind == "other":
-                continue
-            accs = [t.accumulate for t in trs]
-            known = [a for a in accs if isinstance(a, int) and not isinstance(a, bool)]
-            unknown = len(known) != len(accs) or not trs
-            ver = ver or _lightning_version(ctx)
-            text = code_of(divisor)
-            if kind == "trainer":
-                if trs and not unknown and all(a == 1 for a in known):
-                    continue  # dividing by 1
-                n = known[0] if known and len(set(known)) == 1 and known[0] > 1 else None
-                sev = Severity.ERROR if n else Severity.WARNING
-                n_txt = f"{n}" if n else "N"
-                arith = (f"with `accumulate_grad_batches={n}` each micro-batch contributes loss / {n * n} instead of "
-                         f"loss / {n}, so the gradient of each step is 1/{n} of the intended one" if n else
-                         "whenever `accumulate_grad_batches` = N > 1 each micro-batch contributes loss / N² instead "
-                         "of loss / N (gradient 1/N of the intended one)")
-            elif kind == "value":
-                match = [a for a in known if a == val and a > 1]
-                if not match:
-                    continue
-                n = val
-                n_txt = str(n)
-                sev = Severity.ERROR
-                arith = (f"with `accumulate_grad_batches={n}` each micro-batch contributes loss / {n * n} instead of "
-                         f"loss / {n}, so the gradient of each step is 1/{n} of the intended one")
-            else:  # a name mentioning accumulation: the Trainer must be passed the same name
-                same = [t for t in trs if t.accumulate_arg is not None
-                        and (dotted(t.accumulate_arg.value) or "").split(".")[-1] == val]
-                if not same:
-                    continue
-                n = same[0].accumulate if isinstance(same[0].accumulate, int) else None
-                if n == 1:
-                    continue
-                n_txt = str(n) if n else "N"
-                sev = Severity.ERROR if n else Severity.WARNING
-                arith = (f"each micro-batch contributes loss / {n * n} instead of loss / {n}" if n else
-                         "each micro-batch contributes loss / N² instead of loss / N") + \
-                    f" (`{text}` is also passed as `accumulate_grad_batches`)"
-            ctx.report(
-                div_node,
-                f"`{cname}.training_step` returns the loss divided by `{text}` under automatic optimization, but "
-                f"Lightning already divides the returned loss by `accumulate_grad_batches` ({ver}): {arith}. Return "
-                f"the undivided loss.",
-                severity=sev,
-                data={"accumulate": n_txt, "module": cname},
-            )
 
 
 # ------------------------------------------------------------------------------- DeepSpeedStrategy config

@@ -157,4 +157,3 @@ def _looks_ds(d: dict) -> bool:
                                 "zero_optimization", "fp16", "bf16", "optimizer", "scheduler"))
 
 
-_ = os  # keep the import for readers of the helpers above
