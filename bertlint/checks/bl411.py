@@ -13,7 +13,6 @@ Version: ``ctx.versions`` (target-versions, pins, installed), else ``importlib.m
 
 from __future__ import annotations
 
-import os
 
 from bertlint.analysis import configfiles as cf
 from bertlint.registry import rule
