@@ -13,7 +13,6 @@ Version: ``ctx.versions`` (target-versions, pins, installed), else ``importlib.m
 
 from __future__ import annotations
 
-
 from bertlint.analysis import configfiles as cf
 from bertlint.registry import rule
 from bertlint.types import Applicability, Edit, Fix, Position, Severity
