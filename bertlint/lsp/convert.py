@@ -8,125 +8,47 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from bertlint.types import Applicability, Diagnostic, Position
+from bertlint.types import Diagnostic
 
 # ---------------------------------------------------------------------------------------------------
-# The library API (bertlint.api), with a fallback to the engine while the API is not there.
-
-
-def _api():
-    try:
-        from bertlint import api
-    except ImportError:
-        return None
-    return api
-
+# The library API: the server lints exactly as the command line does.
 
 LINTABLE_SUFFIXES = (".py", ".pyi", ".ipynb", ".json", ".yaml", ".yml")
 
 
 def lint(text: str, filename: str, settings: Any = None) -> list[Diagnostic]:
     """Lint the unsaved ``text`` as if it were the file ``filename`` (the CLI's path and rules)."""
-    api = _api()
-    if api is not None and hasattr(api, "lint_text"):
-        return list(api.lint_text(text, filename, settings))
-    if not filename.endswith((".py", ".pyi")):
-        return []
-    from bertlint.engine import lint_python
+    from bertlint import api
 
-    return lint_python(text, filename, settings)
+    return list(api.lint_text(text, filename, settings))
 
 
 def load_settings(path: str):
     """The settings of the nearest pyproject.toml / bertlint.toml above ``path`` (may raise the
     core's ConfigError). Read afresh every time: the user edits the configuration while the server
     runs, and finding and parsing it costs well under a millisecond."""
-    api = _api()
-    if api is not None and hasattr(api, "load_settings"):
-        from bertlint import config
+    from bertlint import api, config
 
-        if hasattr(config, "clear_caches"):
-            config.clear_caches()
-        return api.load_settings(path)
-    from bertlint.config import Settings
-
-    return Settings()
+    config.clear_caches()
+    return api.load_settings(path)
 
 
 def is_excluded(settings, filename: str) -> bool:
     """``exclude`` in the configuration: the server stays silent on those files, as the CLI does."""
-    fn = getattr(settings, "is_excluded", None)
     try:
-        return bool(fn(filename)) if fn else False
+        return bool(settings.is_excluded(filename))
     except Exception:
         return False
 
 
-@dataclass
-class FixOutcome:
-    text: str
-    applied: list[Diagnostic] = field(default_factory=list)
-    failed: list[tuple[Diagnostic, str]] = field(default_factory=list)
+def apply_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = False):
+    """``bertlint.api.apply_fixes``: ``.text``, ``.applied``, ``.failed``."""
+    from bertlint import api
 
-
-def apply_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = False) -> FixOutcome:
-    api = _api()
-    if api is not None and hasattr(api, "apply_fixes"):
-        r = api.apply_fixes(text, diagnostics, unsafe=unsafe)
-        return FixOutcome(r.text, list(r.applied), list(r.failed))
-    return _apply_fixes_minimal(text, diagnostics, unsafe=unsafe)
-
-
-def _offsets(text: str) -> list[int]:
-    """Offset of the start of every line (1-based row r starts at offsets[r - 1])."""
-    starts = [0]
-    for m in re.finditer("\n", text):
-        starts.append(m.end())
-    return starts
-
-
-def _offset(starts: list[int], text: str, pos: Position) -> int:
-    if pos.row - 1 >= len(starts):
-        return len(text)
-    return min(starts[pos.row - 1] + pos.column - 1, len(text))
-
-
-def _apply_fixes_minimal(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = False) -> FixOutcome:
-    """Apply every applicable fix whose edits do not overlap an earlier fix's (ruff's rule: first wins)."""
-    starts = _offsets(text)
-    taken: list[tuple[int, int]] = []
-    chosen: list[tuple[int, int, str]] = []
-    out = FixOutcome(text)
-    for d in diagnostics:
-        if d.fix is None:
-            continue
-        if d.fix.applicability is Applicability.UNSAFE and not unsafe:
-            continue
-        spans = [(_offset(starts, text, e.start), _offset(starts, text, e.end), e.content) for e in d.fix.edits]
-        if any(s > e for s, e, _ in spans):
-            out.failed.append((d, "an edit ends before it starts"))
-            continue
-        if any(_overlaps(s, e, ts, te) for s, e, _ in spans for ts, te in taken):
-            out.failed.append((d, "overlaps another fix"))
-            continue
-        taken += [(s, e) for s, e, _ in spans]
-        chosen += spans
-        out.applied.append(d)
-    new = text
-    for s, e, content in sorted(chosen, key=lambda x: (x[0], x[1]), reverse=True):
-        new = new[:s] + content + new[e:]
-    out.text = new
-    return out
-
-
-def _overlaps(s1: int, e1: int, s2: int, e2: int) -> bool:
-    if s1 == e1 or s2 == e2:  # insertions conflict only strictly inside the other span
-        return s2 < s1 < e2 or s1 < s2 < e1 or (s1 == s2 and e1 == e2)
-    return s1 < e2 and s2 < e1
+    return api.apply_fixes(text, diagnostics, unsafe=unsafe)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -280,34 +202,6 @@ def notebook_json(cells: list[str]) -> str:
     return json.dumps(nb, indent=1)
 
 
-_MAGIC = re.compile(r"^(\s*)([%!?]|[A-Za-z_][\w.]*\?\s*$)")
-
-
-def concatenate_cells(cells: list[str]) -> tuple[str, list[int]]:
-    """The cells as one Python source (IPython magics and shell lines blanked to comments) and the
-    1-based row each cell starts on. Used only when the library cannot lint notebooks itself."""
-    out: list[str] = []
-    starts: list[int] = []
-    row = 1
-    for src in cells:
-        starts.append(row)
-        lines = src.splitlines() or [""]
-        for ln in lines:
-            m = _MAGIC.match(ln)
-            out.append(m.group(1) + "#" + ln[len(m.group(1)) + 1 :] if m else ln)
-        row += len(lines)
-    return "\n".join(out) + "\n", starts
-
-
-def split_row(starts: list[int], row: int) -> tuple[int, int]:
-    """Concatenated 1-based ``row`` -> (0-based cell index, 1-based row in the cell)."""
-    idx = 0
-    for k, s in enumerate(starts):
-        if s <= row:
-            idx = k
-    return idx, row - starts[idx] + 1
-
-
 def ipynb_source_rows(text: str) -> dict[tuple[int, int], tuple[int, int]]:
     """For a notebook's JSON text: (1-based code cell, 1-based row in the cell) -> (0-based line,
     0-based column of the first character of that source line) in the JSON text. Best effort:
@@ -351,6 +245,14 @@ def ipynb_source_rows(text: str) -> dict[tuple[int, int], tuple[int, int]]:
             line = _line_of(starts, k)
             out[(code_no, r)] = (line, k - starts[line] + 1)
     return out
+
+
+def _offsets(text: str) -> list[int]:
+    """Offset of the start of every line (0-based line n starts at offsets[n])."""
+    starts = [0]
+    for m in re.finditer("\n", text):
+        starts.append(m.end())
+    return starts
 
 
 def _line_of(starts: list[int], offset: int) -> int:

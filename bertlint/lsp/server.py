@@ -57,22 +57,6 @@ _guard_lock = threading.Lock()
 _guarded = False
 
 
-def _guard(code: str, fn):
-    @functools.wraps(fn)
-    def guarded(ctx):
-        try:
-            return fn(ctx)
-        except Exception as e:  # noqa: BLE001 - any rule bug
-            sink = getattr(_tls, "rule_errors", None)
-            if sink is None:
-                raise
-            sink.append((code, e, traceback.format_exc(limit=8)))
-            return None
-
-    guarded._bertlint_guarded = True  # type: ignore[attr-defined]
-    return guarded
-
-
 def _record_rule_error(code: str, filename: str, exc: BaseException) -> None:
     """The engine's ``on_internal_error`` hook in the server process: remember the error for the
     client's log instead of writing to stderr."""
@@ -87,8 +71,7 @@ def guard_rules() -> None:
     """Make a rule that raises lose only its own diagnostics, and send its error to the client.
 
     The engine isolates rules itself and reports through ``bertlint.engine.on_internal_error``; the
-    server points that hook at the client's log. With an engine that has no such hook, every
-    registered check is wrapped instead. Process-local: only the server process does this."""
+    server points that hook at the client's log (process-local: only the server process does this)."""
     global _guarded
     if _guarded:
         return
@@ -97,12 +80,8 @@ def guard_rules() -> None:
             return
         from bertlint import engine, registry
 
-        if hasattr(engine, "on_internal_error"):
-            engine.on_internal_error = _record_rule_error
-        else:
-            for r in registry.all_rules():
-                if not getattr(r.check, "_bertlint_guarded", False):
-                    registry._RULES[r.meta.code] = registry.Rule(r.meta, _guard(r.meta.code, r.check))
+        registry.all_rules()  # import every rule now, once
+        engine.on_internal_error = _record_rule_error
         _guarded = True
 
 
@@ -407,14 +386,9 @@ class BertlintServer(LanguageServer):
             os.path.dirname(self.settings_path(None)), "untitled.ipynb"
         )
         texts = [t for _, t, _ in cells]
-        api = convert._api()
-        native = api is not None and hasattr(api, "lint_text")
-        if native:
-            outcome = await self._in_worker(convert.notebook_json(texts), filename, self.settings_path(path))
-            starts = None
-        else:
-            source, starts = convert.concatenate_cells(texts)
-            outcome = await self._in_worker(source, filename[: -len(".ipynb")] + ".py", self.settings_path(path))
+        # the cells as a notebook: the library joins them into one module (magics neutralised) and maps
+        # every diagnostic, and every fix, back to its code cell
+        outcome = await self._in_worker(convert.notebook_json(texts), filename, self.settings_path(path))
         self._report(nb_uri, outcome)
         if outcome.diagnostics is None:
             return
@@ -423,14 +397,9 @@ class BertlintServer(LanguageServer):
             return
         per_cell: dict[int, list[Diagnostic]] = {i: [] for i in range(len(cells))}
         for d in outcome.diagnostics:
-            if starts is None:
-                idx = (d.cell or 1) - 1
-                local = d
-            else:
-                idx, row = convert.split_row(starts, d.start.row)
-                local = _shift(d, starts[idx] - 1)
+            idx = (d.cell or 1) - 1
             if 0 <= idx < len(cells):
-                per_cell[idx].append(local)
+                per_cell[idx].append(d)
         published = []
         for idx, (cell_uri, text, _cver) in enumerate(cells):
             lines = text.splitlines(keepends=True)
@@ -582,21 +551,6 @@ def _line_start(lines: list[str], line: int, codec) -> types.Position:
     if lines and not lines[-1].endswith(("\n", "\r")):
         return types.Position(line=len(lines) - 1, character=codec.client_num_units(lines[-1]))
     return types.Position(line=len(lines), character=0)
-
-
-def _shift(d: Diagnostic, rows: int) -> Diagnostic:
-    """A copy of ``d`` with every row moved up by ``rows`` (concatenated notebook -> cell)."""
-    from dataclasses import replace
-
-    from bertlint.types import Edit, Fix
-
-    def mv(p: Position) -> Position:
-        return Position(max(p.row - rows, 1), p.column)
-
-    fix = None
-    if d.fix is not None:
-        fix = Fix(d.fix.message, d.fix.applicability, tuple(Edit(e.content, mv(e.start), mv(e.end)) for e in d.fix.edits))
-    return replace(d, start=mv(d.start), end=mv(d.end), fix=fix)
 
 
 def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
