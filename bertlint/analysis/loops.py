@@ -1103,9 +1103,12 @@ class _LoopWalker:
                 # inline division in the backward argument
                 for sub in _walk_expr(arg):
                     if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, (cst.Divide,)):
-                        for d in loop.divisions:
-                            if d.node is sub:
-                                d.in_backward_arg = True
+                        known = [d for d in loop.divisions if d.node is sub]
+                        for d in known:
+                            d.in_backward_arg = True
+                        if not known:
+                            loop.divisions.append(Division(None, sub.right, code_of(sub.right).strip(), sub, self.seq,
+                                                           tuple(gates), in_backward_arg=True))
             return
         # descend into same-file functions
         if depth < 3:

@@ -1,0 +1,296 @@
+"""The training-loop analysis (bertlint/analysis/loops.py): loops, index, N, gates, events, owners; and code it
+cannot understand gives no finding and no exception."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from bertlint.analysis import loops as L
+from bertlint.analysis.symbols import Resolver, build
+from bertlint.engine import lint_python
+
+LOOP_CODES = {f"BL1{n:02d}" for n in range(1, 16)} | {"BL201", "BL202"}
+
+
+def model(src: str) -> L.FileLoops:
+    m = cst.parse_module(textwrap.dedent(src))
+    t = build(m)
+    return L.FileLoops(m, t, Resolver(t))
+
+
+def codes(src: str) -> list[tuple[str, int]]:
+    return sorted((d.code, d.start.row) for d in lint_python(textwrap.dedent(src), "t.py") if d.code in LOOP_CODES)
+
+
+PLAIN = """
+import argparse
+import torch
+p = argparse.ArgumentParser()
+p.add_argument("--gradient_accumulation_steps", type=int, default=8)
+args = p.parse_args()
+def train(model, dl):
+    optimizer = torch.optim.AdamW(model.parameters())
+    for epoch in range(3):
+        for step, batch in enumerate(dl, 1):
+            loss = model(**batch).loss / args.gradient_accumulation_steps
+            loss.backward()
+            if step % args.gradient_accumulation_steps == 0 or step == len(dl):
+                optimizer.step()
+                optimizer.zero_grad()
+"""
+
+
+def test_inner_loop_is_the_training_loop_with_index_and_n():
+    f = model(PLAIN)
+    assert len(f) == 1
+    loop = f.loops[0]
+    assert isinstance(loop.node, cst.For) and loop.outer  # the epoch loop is recorded as outer
+    assert loop.index.name == "step" and loop.index.start == 1
+    acc = loop.accum()
+    assert acc.value == 8 and acc.text == "args.gradient_accumulation_steps"
+    assert loop.owner == "plain"
+    kinds = [e.kind for e in loop.events]
+    assert kinds == ["backward", "opt_step", "opt_zero"]
+    step = loop.steps[0]
+    assert step.per_window and not step.per_micro_batch
+    g = step.frequency_gates[0]
+    assert g.kind == "modulo" and g.last_clause and g.offset == 0
+    assert loop.index_start_at(g) == 1
+    assert codes(PLAIN) == []
+
+
+def test_backward_through_same_file_function_and_method():
+    src = """
+    import torch
+    ACCUM_STEPS = 4
+    class T:
+        def __init__(self, model):
+            self.model = model
+            self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        def _inner(self, batch):
+            loss = self.model(batch).loss / ACCUM_STEPS
+            loss.backward()
+        def fit(self, dl):
+            for i, b in enumerate(dl):
+                self._inner(b)
+                self.optimizer.step()
+    """
+    f = model(src)
+    assert len(f) == 1
+    loop = f.loops[0]
+    bw = loop.backwards[0]
+    assert bw.via == ("_inner",)
+    assert loop.loss_divisions()[0].divisor_text == "ACCUM_STEPS"
+    assert codes(src) == [("BL101", 14)]
+
+
+def test_hand_counter_before_and_after_the_test():
+    before = """
+    import torch
+    N = 4
+    opt = torch.optim.SGD([], lr=1)
+    step = 0
+    for batch in dl:
+        (model(batch) / N).backward()
+        step += 1
+        if step % N == 0:
+            opt.step(); opt.zero_grad()
+    """
+    after = before.replace("        step += 1\n", "").replace("            opt.step(); opt.zero_grad()\n",
+                                                              "            opt.step(); opt.zero_grad()\n        step += 1\n")
+    lb, la = model(before).loops[0], model(after).loops[0]
+    gb, ga = lb.steps[0].frequency_gates[0], la.steps[0].frequency_gates[0]
+    assert lb.index_start_at(gb) == 1
+    assert la.index_start_at(ga) == 0
+    assert codes(before) == []
+    assert [c for c, _ in codes(after)] == ["BL107"]
+
+
+def test_flag_gate_continue_gate_and_else_branch():
+    src = """
+    import torch
+    GA = 4
+    optimizer = torch.optim.AdamW([])
+    for i, b in enumerate(dl):
+        (model(b).loss / GA).backward()
+        do_step = (i + 1) % GA == 0
+        if not do_step:
+            continue
+        optimizer.step()
+        optimizer.zero_grad()
+    """
+    loop = model(src).loops[0]
+    assert all(e.per_window for e in loop.steps)
+    assert codes(src) == []
+    inverted = """
+    import torch
+    GA = 4
+    optimizer = torch.optim.AdamW([])
+    for i, b in enumerate(dl):
+        (model(b).loss / GA).backward()
+        if (i + 1) % GA == 0:
+            pass
+        else:
+            optimizer.step()
+    """
+    loop = model(inverted).loops[0]
+    assert loop.steps[0].inverse
+    assert [c for c, _ in codes(inverted)] == ["BL108"]
+
+
+def test_receivers_from_prepare_and_deepspeed_initialize():
+    src = """
+    import deepspeed, torch
+    from accelerate import Accelerator
+    from transformers import get_scheduler
+    acc = Accelerator(gradient_accumulation_steps=4)
+    opt = torch.optim.AdamW([])
+    sch = get_scheduler("linear", opt, 0, 100)
+    m, o, d, s = acc.prepare(model, opt, dl, sch)
+    engine, dsopt, _, dssched = deepspeed.initialize(model=model, config={})
+    """
+    f = model(src)
+    assert f.kinds["acc"] == "accelerator" and f.kinds["o"] == "optimizer" and f.kinds["s"] == "scheduler"
+    assert {"m", "o", "d", "s"} <= f.prepared
+    assert f.kinds["engine"] == "engine" and f.kinds["dsopt"] == "ds_optimizer"
+    assert f.accelerator_ga.value == 4
+
+
+def test_accelerate_accumulate_owner_and_sync_gate():
+    src = """
+    import torch
+    from accelerate import Accelerator
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model, optimizer, dl = accelerator.prepare(model, torch.optim.AdamW([]), dl)
+    for batch in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    loop = model(src).loops[0]
+    assert loop.owner == "accelerate"
+    clip = loop.of("clip")[0]
+    assert clip.frequency_gates[0].kind == "sync" and clip.per_window
+    assert codes(src) == []
+
+
+def test_name_fallback_is_low_confidence():
+    src = """
+    def train(model, dl, opt, accum_steps=4):
+        for i, b in enumerate(dl):
+            (model(b) / accum_steps).backward()
+            opt.step()
+    """
+    loop = model(src).loops[0]
+    assert loop.steps and not loop.steps[0].confident
+    diags = [d for d in lint_python(textwrap.dedent(src), "t.py") if d.code == "BL101"]
+    assert len(diags) == 1 and diags[0].severity.value == "W"
+
+
+WEIRD = [
+    # dynamic dispatch
+    """
+    import torch
+    for i, b in enumerate(dl):
+        getattr(model(b), "back" + "ward")()
+        getattr(optimizer, "step")()
+    """,
+    # exec
+    """
+    import torch
+    for i, b in enumerate(dl):
+        loss = model(b) / 4
+        exec("loss.backward()")
+        optimizer.step()
+    """,
+    # backward through an unknown callback, step via a lambda table
+    """
+    import torch
+    ops = {"s": lambda: optimizer.step()}
+    for b in dl:
+        loss = model(b) / 4
+        callbacks.on_batch(loss)
+        ops["s"]()
+    """,
+    # recursion, nested defs, match, walrus, while True with break, try/finally
+    """
+    import torch
+    def f(x):
+        return f(x)
+    while True:
+        try:
+            match x:
+                case 1:
+                    (y := model(x)).backward()
+                case _:
+                    break
+        finally:
+            def g():
+                optimizer.step()
+    """,
+    # deeply nested and odd
+    """
+    import torch
+    for a in range(2):
+        for b in range(2):
+            for c in range(2):
+                with ctx() as (p, q):
+                    if (lambda: 1)():
+                        [x.backward() for x in losses]
+                        optimizer.step() if c else None
+    """,
+    # loops with backward but no optimizer at all, gates on arbitrary calls
+    """
+    import torch
+    for i, b in enumerate(dl):
+        (model(b) / accumulation_steps).backward()
+        if should_step(i):
+            optimizer.step()
+            optimizer.zero_grad()
+    """,
+    # self-referential assignments and unresolvable N
+    """
+    import torch
+    N = N + 1
+    k = k
+    for i, b in enumerate(dl, start=k):
+        loss = model(b).loss
+        loss.backward()
+        if i % N == 0:
+            optimizer.step()
+    """,
+    "import torch\nfor x in y: pass\n",
+    "import torch\nx = " + "(" * 50 + "1" + ")" * 50 + "\n",
+]
+
+
+@pytest.mark.parametrize("src", WEIRD)
+def test_weird_code_gives_no_finding_and_no_exception(src):
+    f = model(src)  # must not raise
+    for loop in f:
+        loop.accum()
+        for e in loop.events:
+            e.frequency
+    assert codes(src) == []
+
+
+def test_units_of_schedule_lengths():
+    src = """
+    import math
+    ga = 4
+    a = len(dl) * 3
+    b = math.ceil(len(dl) / ga) * 3
+    c = args.max_steps
+    """
+    f = model(src)
+    mod = cst.parse_module(textwrap.dedent(src))
+    assert f.units_of(cst.parse_expression("a"), None) == "micro-batches"
+    assert f.units_of(cst.parse_expression("b"), None, "ga") == "optimizer-steps"
+    assert f.units_of(cst.parse_expression("c"), None) == "unknown"
+    assert mod is not None
