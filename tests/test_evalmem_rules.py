@@ -830,3 +830,33 @@ def test_fix_text_rounds_converge_on_bad_fixture():
     assert isinstance(text, str)
     cst.parse_module(text)
     assert [d for d in lint_text(text, str(path), Settings()) if d.code in ("BL501", "BL502")] == []
+
+
+def test_bl502_computed_context_managers_and_train_false():
+    check("""
+        import contextlib
+        import torch
+
+        def run_epoch(model, loader, train):
+            model.train(train)
+            ctx = torch.no_grad() if not train else contextlib.nullcontext()
+            with ctx:
+                for b in loader:
+                    model(**b)
+
+        def evaluate(model, loader, train=False):
+            with torch.no_grad() if not train else contextlib.nullcontext():
+                for b in loader:
+                    model(**b)
+
+        def validate(model, loader):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.no_grad())
+                for b in loader:
+                    model(**b)
+
+        def score(model, loader):
+            model.train(False)
+            for b in loader:
+                model(**b)  # expect: BL502
+        """)

@@ -330,6 +330,12 @@ class EvalFlow:
                 code = self.module.code_for_node(a.value)
                 if "no_grad" in code or "inference_mode" in code or "set_grad_enabled" in code:
                     return UNKNOWN
+        if not isinstance(expr, (cst.Call, cst.Name, cst.Attribute)):
+            # `with torch.no_grad() if not train else nullcontext():` and other computed managers
+            code = self.module.code_for_node(expr)
+            if "no_grad" in code or "inference_mode" in code or "set_grad_enabled" in code:
+                return UNKNOWN
+            return None
         if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
             # e.g. `with contextlib.ExitStack()` / `with self.eval_context()`: unknown helpers of the file
             attr = expr.func.attr.value
@@ -341,11 +347,13 @@ class EvalFlow:
 
     def _toggles(self, scope: Scope) -> bool:
         """Statement-level grad switches in ``scope`` (``torch.set_grad_enabled(False)``, ``no_grad().__enter__()``)."""
-        for nm in ("set_grad_enabled", "_set_grad_enabled", "__enter__"):
+        for nm in ("set_grad_enabled", "_set_grad_enabled", "__enter__", "enter_context", "enter_async_context"):
             for c in self.calls_by_final.get(nm, []):
                 if self.scope.get(c) is scope and not isinstance(self.parent.get(self.parent.get(c)), cst.With):
-                    if nm != "__enter__" or "grad" in self.module.code_for_node(c) or "inference" in \
-                            self.module.code_for_node(c):
+                    if nm in ("set_grad_enabled", "_set_grad_enabled"):
+                        return True
+                    code = self.module.code_for_node(c)
+                    if "grad" in code or "inference" in code:
                         return True
         return False
 
@@ -742,8 +750,13 @@ class EvalFlow:
         scope = self.scope_of(loop)
         recv = set(receivers)
         best = None
-        for c in self.calls_by_final.get("eval", []):
-            if self.scope.get(c) is not scope or not isinstance(c.func, cst.Attribute) or c.args:
+        evals = list(self.calls_by_final.get("eval", []))
+        evals += [c for c in self.calls_by_final.get("train", []) if len(c.args) == 1 and
+                  literal(c.args[0].value) is False]  # model.train(False)
+        for c in evals:
+            if self.scope.get(c) is not scope or not isinstance(c.func, cst.Attribute):
+                continue
+            if c.args and not (c.func.attr.value == "train" and literal(c.args[0].value) is False):
                 continue
             if not self.before(c, loop) and not (self.inside(c, loop)):
                 continue
@@ -755,6 +768,8 @@ class EvalFlow:
             # a later .train() on the same receiver before the loop cancels it
             cancelled = False
             for t in self.calls_by_final.get("train", []):
+                if t.args and literal(t.args[0].value) is False:
+                    continue
                 if self.scope.get(t) is scope and isinstance(t.func, cst.Attribute) and \
                         dotted(t.func.value) == r and self.order[t] > self.order[c] and self.before(t, loop):
                     cancelled = True
