@@ -185,7 +185,8 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
         record_dir = tempfile.mkdtemp(prefix="bertlint-verify-")
         rank = "0"
     cfg = {"record_dir": record_dir, "timeout": timeout, "steps": steps, "accumulation": static_n,
-           "want_eval": want_eval, "watch": watch, "memory_limit": memory_limit}
+           "want_eval": want_eval, "watch": watch, "memory_limit": memory_limit,
+           "min_microbatches": 8 if any(d.code in ("BL501", "BL113") for d in mine) else 0}
     cfg_path = os.path.join(record_dir, f"config{rank}.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)

@@ -238,10 +238,11 @@ class Recorder:
         """Micro-batches to run: ``steps`` optimizer steps (default 2: two full accumulation windows) plus one."""
         k = int(self.steps_cfg) if self.steps_cfg else 2
         n = self.accumulation_n()
+        low = int(self.cfg.get("min_microbatches") or 0)
         if n:
-            return k * n + 1
+            return max(k * n + 1, low)
         if len(self.step_marks) >= k:
-            return self.step_marks[k - 1] + 1
+            return max(self.step_marks[k - 1] + 1, low)
         return HARD_CAP_MICROBATCHES * max(1, (k + 1) // 2)
 
     def check_stop(self, where: str) -> None:

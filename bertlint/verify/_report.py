@@ -73,8 +73,9 @@ def _growth(samples: list, per_step: list) -> dict:
         if slope > 0 and ups >= len(ys) - 2 and ys[-1] - ys[0] > max(4096, 0.01 * ys[0]):
             leaks[c] = {"bytes_per_unit": slope, "from": ys[0], "to": ys[-1]}
     res["growing"] = leaks
+    plural = unit + "es" if unit.endswith("h") else unit + "s"
     res["verdict"] = ("memory grows every " + unit + ": " + ", ".join(
-        f"{c} +{mib(v['bytes_per_unit'])}/{unit}" for c, v in leaks.items())) if leaks else "no growth across " + unit + "s"
+        f"{c} +{mib(v['bytes_per_unit'])}/{unit}" for c, v in leaks.items())) if leaks else f"no growth across {len(pts)} {plural}"
     return res
 
 
