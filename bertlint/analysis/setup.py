@@ -314,7 +314,7 @@ class CheckpointCall:
     method: str
     kwargs: Any  # dict, None (not given) or UNKNOWN
     kwargs_node: Optional[cst.CSTNode]
-    row: int
+    row: int  # position in source order (comparable with FileSetup.order_of), not a line number
 
 
 @dataclass
@@ -454,6 +454,11 @@ class FileSetup:
     models: list = field(default_factory=list)  # ModelInfo (every model object found)
     disables_loss_kwargs: Optional[str] = None  # the first text that switches the Trainer's own division on
     trainer_classes: dict = field(default_factory=dict)  # user subclass name -> {method name: FunctionDef}
+    order: dict = field(default_factory=dict)  # id(node) -> source order of calls and small statements
+
+    def order_of(self, node) -> int:
+        """Source order of a call or small statement (cheaper than positions); -1 if unknown."""
+        return self.order.get(id(node), -1)
 
     @property
     def setups(self) -> list:
@@ -486,6 +491,7 @@ class _Collector(cst.CSTVisitor):
         self._stmt: list = []
         self._targets: dict[int, list] = {}
         self._exprs: set[int] = set()
+        self.order: dict[int, int] = {}  # id(node) -> position in source order (calls and small statements)
 
     def visit_FunctionDef(self, node):
         self._func.append(node)
@@ -496,6 +502,7 @@ class _Collector(cst.CSTVisitor):
     def visit_SimpleStatementLine(self, node):
         self._stmt.append(node)
         for small in node.body:
+            self.order[id(small)] = len(self.order)
             if isinstance(small, (cst.Assign, cst.AnnAssign)) and isinstance(small.value, cst.Call):
                 targets = []
                 tlist = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
@@ -515,6 +522,7 @@ class _Collector(cst.CSTVisitor):
         self.fors.append((node, self._func[-1] if self._func else None))
 
     def visit_Call(self, node):
+        self.order[id(node)] = len(self.order)
         self.calls.append(
             CallSite(
                 node,
@@ -765,7 +773,7 @@ class _Builder:
                 return None
             assigns = self.t.assignments_of(expr.value, func)
             if before_row is not None:
-                assigns = [a for a in assigns if a.func is not func or self.ctx.span(a.node)[0].row < before_row]
+                assigns = [a for a in assigns if a.func is not func or self.col.order.get(id(a.node), -1) < before_row]
             if not assigns:
                 return None
             info = ModelInfo(None, var=expr.value)
@@ -988,7 +996,7 @@ class _Builder:
                 kw = None if e is None else self.r.value(e, site.func)
                 if isinstance(kw, dict) and any(v is UNKNOWN for v in kw.values()) and "use_reentrant" not in kw:
                     kw = UNKNOWN
-                row = self.ctx.span(site.call)[0].row
+                row = self.col.order.get(id(site.call), 0)
                 if not any(c.node is site.call for c in info.checkpointing):
                     info.checkpointing.append(CheckpointCall(site.call, m, kw, e, row))
             elif m == "enable_input_require_grads":
@@ -1045,7 +1053,7 @@ class _Builder:
         ti.optimizers = kwarg(call, "optimizers")
         ti.callbacks = kwarg(call, "callbacks")
         if ti.model_expr is not None:
-            ti.model = self.model_from_expr(ti.model_expr, site.func, before_row=self.ctx.span(site.call)[0].row)
+            ti.model = self.model_from_expr(ti.model_expr, site.func, before_row=self.col.order.get(id(site.call), 0))
         else:
             mi = kwarg(call, "model_init")
             fname = dotted(mi) if mi is not None else None
@@ -1103,7 +1111,7 @@ class _Builder:
         return None
 
     def build(self) -> FileSetup:
-        fs = FileSetup()
+        fs = FileSetup(order=self.col.order)
         args_list: list[TrainingArgs] = []
         for site in self.col.calls:
             if self.is_args_class(site.call.func):

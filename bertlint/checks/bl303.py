@@ -31,9 +31,10 @@ def check(ctx) -> None:
         if frozen is None:
             continue
         if (m.peft or m.kbit) and m.peft_node is not None and not m.frozen_inputs:
-            peft_row = ctx.span(m.peft_node)[0].row
+            fs = ctx.setup
+            peft_at = fs.order_of(m.peft_node)
             # PEFT installs the input-grad hook when checkpointing was already on when it wrapped the model
-            if any(ctx.span(c.node)[0].row < peft_row for c in m.checkpointing):
+            if any(0 <= fs.order_of(c.node) < peft_at for c in m.checkpointing):
                 continue
         if m.kbit and not m.peft:
             continue  # prepare_model_for_kbit_training enables checkpointing and the input-grad hook itself
