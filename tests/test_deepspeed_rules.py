@@ -260,3 +260,12 @@ def test_bl402_engine_script_ignores_accelerate_launcher_config(tmp_path):
                                           "p = DeepSpeedPlugin(hf_ds_config=DS)")
     (d,) = _lint(tmp_path, files, "t.py")
     assert "4 × 8 × 2 = 64" in d.message
+
+
+def test_bl402_model_parallel_drops_the_world_size(tmp_path):
+    files = {"pyproject.toml": "[tool.bertlint]\nworld-size = 8\n",
+             "ds.json": '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,'
+                        ' "gradient_clipping": 1.0, "pipeline": {"stages": 2}, "zero_optimization": {"stage": 1}}'}
+    assert _lint(tmp_path, files, "ds.json") == []  # 64 = 4 × 4 × 4 data-parallel ranks (8 GPUs / 2 stages)
+    files["ds.json"] = files["ds.json"].replace('"train_batch_size": 64', '"train_batch_size": 30')
+    assert [d.code for d in _lint(tmp_path, files, "ds.json")] == ["BL402"]  # no world size fits anyway

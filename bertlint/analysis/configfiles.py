@@ -427,7 +427,7 @@ def check_batch(tb: Any, mb: Any, gas: Any, world_size: Optional[int] = None,
         if world_size is not None and world_size != k:
             return BatchCheck(
                 "mismatch",
-                f"`train_batch_size`={tb} but micro × accumulation × world size = {mb} × {gas} × {world_size} = "
+                f"`train_batch_size`={tb} but micro × accumulation × data-parallel world size = {mb} × {gas} × {world_size} = "
                 f"{prod * world_size} at {ws_txt}: DeepSpeed raises \"Check batch related parameters\". "
                 f"These values are consistent only with world size {k}.",
                 consistent_world_sizes=[k], key=("train_batch_size",))
@@ -577,6 +577,8 @@ def world_size_for(settings: Any, accelerate_cfgs: list[AccelerateConfig]) -> tu
     ws = getattr(settings, "world_size", None)
     if _is_int(ws) and ws > 0:
         return ws, "[tool.bertlint] world-size"
+    if any(_model_parallel(c.data) for c in accelerate_cfgs):
+        return None, ""  # tensor / pipeline parallel: DeepSpeed's data-parallel size is not num_processes
     sizes = {c.world_size for c in accelerate_cfgs}
     if len(sizes) == 1:
         only = next(iter(sizes))
@@ -584,6 +586,27 @@ def world_size_for(settings: Any, accelerate_cfgs: list[AccelerateConfig]) -> tu
             names = ", ".join(sorted({os.path.basename(c.path or "?") for c in accelerate_cfgs}))
             return only, f"num_processes in {names}"
     return None, ""
+
+
+def _model_parallel(data: Any) -> bool:
+    """Model/pipeline/sequence parallelism is configured: DeepSpeed's ``world_size`` in the batch rule is then the
+    data-parallel size, not the number of processes."""
+    if not isinstance(data, dict):
+        return False
+    for k in ("pipeline", "tensor_parallel", "megatron_lm_config", "parallelism_config", "sequence_parallel_size",
+              "tensor_parallel_size", "pipeline_parallel_size", "autotp_size"):
+        v = data.get(k)
+        if v not in (None, False, 0, 1, {}, "none", "NONE"):
+            return True
+    return False
+
+
+def world_size_for_config(settings: Any, data: Any, accelerate_cfgs: list[AccelerateConfig]
+                          ) -> tuple[Optional[int], str]:
+    """``world_size_for`` for one DeepSpeed config; None when the config itself sets up model parallelism."""
+    if _model_parallel(data):
+        return None, ""
+    return world_size_for(settings, accelerate_cfgs)
 
 
 # ------------------------------------------------------------------------------------------- versions

@@ -41,6 +41,10 @@ def findings(data, world_size=None, world_source="", version=""):
     return []
 
 
+def _has_mpu(use) -> bool:
+    return any(a.keyword is not None and a.keyword.value in ("mpu", "mesh_param") for a in use.call.args)
+
+
 def _version(ctx) -> str:
     v, src = cf.deepspeed_version(ctx)
     return f"deepspeed {cf.vtext(v)}, {src}"
@@ -70,7 +74,7 @@ def _check_config(ctx) -> None:
             accs = cf.accelerate_configs_referencing(fn)
         except Exception:
             accs = []
-    ws, src = cf.world_size_for(ctx.settings, accs)
+    ws, src = cf.world_size_for_config(ctx.settings, ctx.data, accs)
     for key, msg in findings(ctx.data, ws, src, _version(ctx)):
         ctx.report_key(key, msg, data={"world_size": ws})
 
@@ -87,6 +91,8 @@ def _check_script(ctx) -> None:
             continue  # Lightning sets the batch values itself (BL408 covers its config)
         # an accelerate launcher config beside the script says nothing about a raw engine started by `deepspeed`
         ws, src = settings_only if use.framework == "engine" else launcher
+        if cf._model_parallel(use.data) or _has_mpu(use):
+            ws, src = None, ""  # the batch rule's world size is then the data-parallel size
         for key, msg in findings(use.data, ws, src, _version(ctx)):
             node = use.key_nodes.get(key, use.dict_node)
             ctx.report(node, msg, data={"world_size": ws})
