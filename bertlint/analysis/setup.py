@@ -1173,6 +1173,9 @@ def _single_return(fdef: cst.FunctionDef) -> Optional[cst.BaseExpression]:
 
 def build(ctx) -> FileSetup:
     """``ctx.setup``. Never raises: bad input yields an empty set-up."""
+    src = ctx.source
+    if not any(k in src for k in ("Trainer", "TrainingArguments", "HfArgumentParser", "from_pretrained", "For")):
+        return FileSetup()  # nothing this analysis could find: skip the walk
     try:
         return _Builder(ctx).build()
     except RecursionError:
