@@ -172,8 +172,8 @@ def filter_suppressed(diags: list[Diagnostic], source: str) -> list[Diagnostic]:
 
 
 def is_suppressed(d: Diagnostic, lines: list[str]) -> bool:
-    """Line-based check (kept for callers that hold lines only)."""
-    return _Comments("".join(lines)).suppressed(d)
+    """Line-based check (kept for callers that hold lines only, with or without line endings)."""
+    return _Comments("".join(x if x.endswith("\n") else x + "\n" for x in lines)).suppressed(d)
 
 
 def _codes_match(code: str, codes: str) -> bool:
