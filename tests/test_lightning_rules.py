@@ -162,3 +162,29 @@ def test_fabric_deepspeed_strategy_not_reported(tmp_path):
            "fabric = Fabric(strategy=DeepSpeedStrategy(config={'gradient_accumulation_steps': 4,"
            " 'zero_optimization': {'stage': 2}}))\n")
     assert _lint(tmp_path, src) == []
+
+
+def test_conditional_manual_optimization_is_not_certain(tmp_path):
+    src = '''
+import lightning as L
+
+
+class M(L.LightningModule):
+    def __init__(self, sam=False):
+        super().__init__()
+        if sam:
+            self.automatic_optimization = False
+
+
+class N(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.automatic_optimization = True
+
+
+t = L.Trainer(accumulate_grad_batches=4)
+t.fit(M(sam=True))
+t.fit(N())
+'''
+    assert _lint(tmp_path, src) == []

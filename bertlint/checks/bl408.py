@@ -113,37 +113,42 @@ def _method(cls: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
     return None
 
 
+def _top_assign_false(stmts, names: tuple) -> Optional[cst.CSTNode]:
+    """An unconditional ``<name> = False`` among ``stmts`` (not under if/for/try: a switch that only sometimes
+    turns manual optimization on is not a certainty). A later unconditional ``= True`` cancels it."""
+    found = None
+    for stmt in stmts:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and any(dotted(t.target) in names for t in small.targets):
+                v = literal(small.value)
+                found = small if v is False else None
+    return found
+
+
 def _manual_switch(cls: cst.ClassDef) -> Optional[cst.CSTNode]:
-    """``automatic_optimization = False`` as a class attribute, ``self.automatic_optimization = False`` in a method,
-    or a property returning False."""
-    found: list = []
+    """``automatic_optimization = False`` as a class attribute, ``self.automatic_optimization = False`` at the top
+    level of ``__init__``, or an ``automatic_optimization`` property whose every return is False."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+    hit = _top_assign_false(body, ("automatic_optimization",))
+    for stmt in body:
+        if not isinstance(stmt, cst.FunctionDef):
+            continue
+        if stmt.name.value == "__init__" and isinstance(stmt.body, cst.IndentedBlock):
+            h = _top_assign_false(stmt.body.body, ("self.automatic_optimization",))
+            hit = h or hit
+        elif stmt.name.value == "automatic_optimization":
+            rets = []
 
-    class V(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for t in node.targets:
-                d = dotted(t.target)
-                if d in ("automatic_optimization", "self.automatic_optimization") and literal(node.value) is False:
-                    found.append(node)
+            class R(cst.CSTVisitor):
+                def visit_Return(self, r: cst.Return) -> None:
+                    rets.append(r)
 
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return node is cls
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            if node.name.value == "automatic_optimization":
-                rets = []
-
-                class R(cst.CSTVisitor):
-                    def visit_Return(self, r: cst.Return) -> None:
-                        rets.append(r)
-
-                node.visit(R())
-                if rets and all(r.value is not None and literal(r.value) is False for r in rets):
-                    found.append(node)
-                return False
-            return True
-
-    cls.visit(V())
-    return found[0] if found else None
+            stmt.visit(R())
+            if rets and all(r.value is not None and literal(r.value) is False for r in rets):
+                hit = hit or stmt
+    return hit
 
 
 def _trainers(ctx) -> list[_Trainer]:
