@@ -255,7 +255,8 @@ def looks_like_training_config(path: str) -> bool:
             head = f.read(65536)
     except OSError:
         return False
-    return bool(_CONFIG_HINT.search(head.decode("utf-8", "replace")))
+    text = head.decode("utf-8", "replace")
+    return bool(_CONFIG_HINT.search(text)) and '"log_history"' not in text
 
 
 def discover(
@@ -319,16 +320,25 @@ _ACCELERATE_KEYS = {
 }
 
 
+# Files that carry DeepSpeed-like keys but are not configurations (transformers' trainer_state.json).
+_NOT_CONFIG_KEYS = {"log_history", "global_step", "best_model_checkpoint", "trial_name", "is_world_process_zero"}
+# DeepSpeed keys that appear in other files too: they count only next to a second DeepSpeed key.
+_DEEPSPEED_WEAK = {"train_batch_size", "gradient_accumulation_steps", "fp16", "bf16", "optimizer", "scheduler"}
+
+
 def config_kind(data) -> str:
     """"deepspeed" | "accelerate" | "unknown", guessed from the top-level keys."""
     if not isinstance(data, dict):
         return "unknown"
     keys = set(k for k in data if isinstance(k, str))
+    if keys & _NOT_CONFIG_KEYS:
+        return "unknown"
     acc = len(keys & _ACCELERATE_KEYS)
     ds = len(keys & _DEEPSPEED_KEYS)
+    weak = len(keys & _DEEPSPEED_WEAK)
     if acc and acc >= ds:
         return "accelerate"
-    if ds:
+    if ds and (ds + weak >= 2 or keys & (_DEEPSPEED_KEYS - {"train_batch_size", "gradient_clipping"})):
         return "deepspeed"
     return "unknown"
 

@@ -199,3 +199,13 @@ def test_shared_node_index():
     assert [type(a).__name__ for a in ctx.index.ancestors(step)][:4] == ["Expr", "SimpleStatementLine", "IndentedBlock", "For"]
     assert len(ctx.index.of(cst.BaseCompoundStatement)) == 2  # FunctionDef and For (subclasses)
     assert ctx.index.parent(ctx.module) is None
+
+
+def test_trainer_state_is_not_a_deepspeed_config(tmp_path):
+    state = {"best_metric": None, "epoch": 3.0, "global_step": 30, "log_history": [], "train_batch_size": 8}
+    assert config_kind(state) == "unknown"
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    assert list(discover([str(tmp_path)])) == []
+    assert config_kind({"train_batch_size": 32, "fp16": {"enabled": True}}) == "deepspeed"
+    assert config_kind({"train_batch_size": 32}) == "deepspeed"
+    assert config_kind({"gradient_accumulation_steps": 4}) == "unknown"
