@@ -242,11 +242,20 @@ def _steps(setup, world: Optional[int]) -> dict:
                     f"statically); the last, partial window of each epoch also steps"}
 
 
-def _scheduler(setup) -> str:
+def _scheduler(setup, ctx=None) -> str:
     t, a = setup.trainer, setup.args
     if t is not None and t.optimizers is not None:
-        return (f"given through `optimizers=({code_of(t.optimizers)[1:-1] if isinstance(t.optimizers, cst.Tuple) else code_of(t.optimizers)})`: "
-                f"the Trainer steps it once per optimizer step, so its length must be counted in optimizer steps")
+        base = (f"given through `optimizers={code_of(t.optimizers)}`: the Trainer steps it once per optimizer step, "
+                f"so its length must be counted in optimizer steps")
+        length = _scheduler_length(ctx, t) if ctx is not None else None
+        if length is not None:
+            expr, in_micro = length
+            n = a.int("gradient_accumulation_steps") if a is not None else None
+            if in_micro and n and n > 1:
+                return (base + f"; its length `{expr}` counts micro-batches, so with accumulation {n} it runs only "
+                               f"1/{n} of its course (BL106)")
+            return base + f"; its length: `{expr}`"
+        return base
     if a is None:
         return "unknown"
     kind = _v(a.get("lr_scheduler_type")) or "linear"
@@ -257,12 +266,64 @@ def _scheduler(setup) -> str:
     return f"the Trainer's own `{kind}` schedule over max_steps optimizer steps (matches the steps){wtext}"
 
 
-def _world(args_world: Optional[int], settings) -> tuple[int, str, bool]:
+def _launcher_world(filename: str) -> Optional[tuple[int, str]]:
+    """``num_processes`` of the one accelerate launcher config beside the script, if there is exactly one."""
+    d = os.path.dirname(os.path.abspath(filename))
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith((".yaml", ".yml")))
+    except OSError:
+        return None
+    found = []
+    for n in names[:20]:
+        try:
+            from bertlint.analysis.configfiles import load_config
+
+            data, err = load_config(os.path.join(d, n))
+        except Exception:
+            continue
+        if isinstance(data, dict) and "distributed_type" in data and isinstance(data.get("num_processes"), int) \
+                and not isinstance(data.get("num_processes"), bool) and data["num_processes"] > 0:
+            found.append((data["num_processes"], n))
+    if len(found) == 1:
+        return found[0][0], f"num_processes in the accelerate config {found[0][1]}"
+    return None
+
+
+def _scheduler_length(ctx, t) -> Optional[tuple[str, bool]]:
+    """(length expression, counted in micro-batches?) of the scheduler passed in ``optimizers=(opt, sched)``."""
+    opt = t.optimizers
+    if not isinstance(opt, cst.Tuple) or len(opt.elements) != 2:
+        return None
+    sched = opt.elements[1].value
+    call = sched
+    if isinstance(sched, cst.Name):
+        assigns = ctx.symbols.assignments_of(sched.value, t.func)
+        call = assigns[0].value if len(assigns) == 1 else None
+    if not isinstance(call, cst.Call):
+        return None
+    for key in ("num_training_steps", "T_max", "total_steps", "total_iters"):
+        e = kwarg(call, key)
+        if e is not None:
+            text = code_of(e)
+            if isinstance(e, cst.Name):
+                for asg in ctx.symbols.assignments_of(e.value, t.func)[:1]:
+                    text += f" = {code_of(asg.value)}"
+            low = text.lower()
+            micro = "len(" in text and "accum" not in low and "max_steps" not in low
+            return text, micro
+    return None
+
+
+def _world(args_world: Optional[int], settings, filename: str = "") -> tuple[int, str, bool]:
     if args_world:
         return args_world, "from --world-size", True
     w = getattr(settings, "world_size", None)
     if isinstance(w, int) and w > 0:
         return w, "from [tool.bertlint] world-size", True
+    if filename:
+        lw = _launcher_world(filename)
+        if lw:
+            return lw[0], f"from {lw[1]}", True
     return 1, "per process: world size not known (pass --world-size)", False
 
 
@@ -293,7 +354,7 @@ def explain_source(source: str, filename: str, settings=None, *, world_size: Opt
          "message": d.message} for d in findings
     ]
     fs = ctx.setup
-    world, world_src, world_known = _world(world_size, settings)
+    world, world_src, world_known = _world(world_size, settings, filename)
     for s in fs.setups:
         out["setups"].append(_explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len, findings))
     try:
@@ -418,7 +479,7 @@ def _explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len_
                                 "text": "per_device_train_batch_size × gradient_accumulation_steps × world size "
                                         "(values not all known statically)"}
     d["optimizer_steps"] = _steps(s, world)
-    d["scheduler"] = _scheduler(s)
+    d["scheduler"] = _scheduler(s, ctx)
     d["precision"] = s.precision
     d["checkpointing"] = checkpointing_info(s, versions)
     d["loss_division"] = who_divides(s, versions, fs)

@@ -120,3 +120,28 @@ for step, batch in enumerate(loader):
     assert lp["model"]["class"] == "BertForSequenceClassification"
     assert lp["memory"]["parameters"] > 0
     assert "effective batch:  4 × 4 × 1 = 16" in render_text(rep)
+
+
+def test_world_size_from_the_one_launcher_config_beside_the_script(tmp_path):
+    (tmp_path / "accelerate_config.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 4\n")
+    p = tmp_path / "train.py"
+    p.write_text(ARTICLE.read_text())
+    (s,) = explain_source(p.read_text(), str(p), Settings())["setups"]
+    assert s["effective_batch"]["formula"] == "2 × 8 × 4 = 64"
+    assert "accelerate_config.yaml" in s["world_size"]["source"]
+    (tmp_path / "other.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")  # ambiguous: ignored
+    (s,) = explain_source(p.read_text(), str(p), Settings())["setups"]
+    assert s["world_size"]["value"] is None
+
+
+def test_scheduler_length_in_micro_batches_is_pointed_out():
+    src = '''from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
+model = AutoModelForSequenceClassification.from_pretrained("roberta-base")
+total = len(train_dataloader) * 3
+sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=100, num_training_steps=total)
+args = TrainingArguments("o", per_device_train_batch_size=8, gradient_accumulation_steps=4)
+trainer = Trainer(model=model, args=args, optimizers=(opt, sched))
+'''
+    (s,) = explain_source(src, "t.py", Settings())["setups"]
+    assert "counts micro-batches" in s["scheduler"] and "1/4" in s["scheduler"]
