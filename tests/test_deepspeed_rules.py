@@ -269,3 +269,21 @@ def test_bl402_model_parallel_drops_the_world_size(tmp_path):
     assert _lint(tmp_path, files, "ds.json") == []  # 64 = 4 × 4 × 4 data-parallel ranks (8 GPUs / 2 stages)
     files["ds.json"] = files["ds.json"].replace('"train_batch_size": 64', '"train_batch_size": 30')
     assert [d.code for d in _lint(tmp_path, files, "ds.json")] == ["BL402"]  # no world size fits anyway
+
+
+def test_command_line_values_in_ds_dict_are_not_used(tmp_path):
+    src = ("import argparse\nimport deepspeed\nfrom transformers import TrainingArguments\n"
+           "p = argparse.ArgumentParser()\np.add_argument('--tb', type=int, default=30)\n"
+           "p.add_argument('--lr', type=float, default=1e-3)\nargs = p.parse_args()\n"
+           "DS = {'train_batch_size': args.tb, 'train_micro_batch_size_per_gpu': 4, 'gradient_accumulation_steps': 8,"
+           " 'gradient_clipping': 1.0, 'optimizer': {'type': 'AdamW', 'params': {'lr': args.lr}}}\n"
+           "engine, *_ = deepspeed.initialize(model=m, config=DS)\n"
+           "targs = TrainingArguments(output_dir='o', per_device_train_batch_size=4, gradient_accumulation_steps=8,"
+           " learning_rate=2e-5, deepspeed=DS)\n")
+    assert _lint(tmp_path, {"t.py": src}, "t.py") == []
+    # module constants are fixed in the source: used
+    src2 = ("import deepspeed\nTB = 30\nMB = 4\n"
+            "DS = {'train_batch_size': TB, 'train_micro_batch_size_per_gpu': MB, 'gradient_accumulation_steps': TB // MB,"
+            " 'gradient_clipping': 1.0}\nengine, *_ = deepspeed.initialize(model=m, config=DS)\n")
+    (d,) = _lint(tmp_path, {"t.py": src2}, "t.py")
+    assert d.code == "BL402" and "4 × 7 = 28" in d.message

@@ -790,6 +790,23 @@ def _dict_key_nodes(d: Any, path: tuple = ()) -> dict:
     return out
 
 
+def _mask_dynamic(ctx: Any, d: Any, val: dict, func: Any) -> None:
+    """Values of a dict literal that come from the command line or run time (``args.bs``, a function call) become
+    UNKNOWN: the resolver would give an argparse default, which the launch may override. Keys stay present."""
+    from bertlint.analysis.symbols import UNKNOWN, literal
+
+    for el in d.elements:
+        if not isinstance(el, cst.DictElement):
+            continue
+        k = literal(el.key)
+        if not isinstance(k, str) or k not in val:
+            continue
+        if isinstance(el.value, cst.Dict) and isinstance(val[k], dict):
+            _mask_dynamic(ctx, el.value, val[k], func)
+        elif not is_static_expr(ctx, el.value, func):
+            val[k] = UNKNOWN
+
+
 def _resolve_config_arg(ctx: Any, expr: Any, func: Any) -> dict:
     """What a config argument is: {"data", "doc", "path", "dict_node", "key_nodes", "mutated"} (data None when
     unknown)."""
@@ -817,6 +834,7 @@ def _resolve_config_arg(ctx: Any, expr: Any, func: Any) -> dict:
     if isinstance(node, cst.Dict):
         val = ctx.resolver.value(node, func)
         if isinstance(val, dict):
+            _mask_dynamic(ctx, node, val, func)
             out["data"] = val
             out["dict_node"] = node
             out["key_nodes"] = _dict_key_nodes(node)
@@ -831,7 +849,7 @@ def _resolve_config_arg(ctx: Any, expr: Any, func: Any) -> dict:
             out["data"] = doc.data
             out["doc"] = doc
         return out
-    if isinstance(val, dict) and not isinstance(node, cst.Dict):
+    if isinstance(val, dict) and not isinstance(node, cst.Dict) and is_static_expr(ctx, node, func):
         out["data"] = val
         out["mutated"] = bool(name) and _mutated(ctx, name)
     return out
