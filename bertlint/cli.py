@@ -606,9 +606,7 @@ def _verify(o: Options, diags: list):
         if missing.startswith("bertlint"):
             return _err("--verify: the verifier is not part of this installation (bertlint.verify is missing)")
         return _err(f"--verify needs {missing}: pip install 'bertlint[verify]'")
-    from bertlint.config import load_settings
-
-    settings = None if o.isolated else load_settings(o.paths[0])
+    settings = _settings_for(o, o.paths[0], {})  # the file's configuration with the command-line selection
     result = verify_script(
         o.paths[0],
         o.script_args,
