@@ -390,7 +390,19 @@ def _loop_batch_size(ctx, lp) -> tuple[Optional[int], str]:
     ctx.module.visit(V())
     if len(vals) == 1 and None not in vals:
         return vals.pop(), "DataLoader batch_size"
-    return None, "unknown (no single DataLoader batch_size)"
+    if not vals:  # no DataLoader: a batch-size constant of the script, by its name
+        import re
+
+        named = {}
+        for name, assigns in ctx.symbols.assignments.items():
+            if re.fullmatch(r"(micro_?|per_device_)?(train_)?batch(_size)?", name, re.IGNORECASE) and len(assigns) == 1:
+                v = ctx.resolver.int_value(assigns[0].value, assigns[0].func)
+                if v and v > 0:
+                    named[name] = v
+        if len(set(named.values())) == 1:
+            name = sorted(named)[0]
+            return named[name], f"`{name}` in the script"
+    return None, "no single DataLoader batch_size"
 
 
 def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_arg, out) -> dict:
@@ -553,7 +565,8 @@ def render_text(rep: dict) -> str:
                      + (f" ({lp['accumulation_source']})" if lp.get("accumulation_source") else ""))
         eff = lp.get("effective_batch") or {}
         if eff.get("formula"):
-            lines.append(f"  effective batch:  {eff['formula']} (per device × accumulation × world size)")
+            suffix = "" if "—" in eff["formula"] else " (per device × accumulation × world size)"
+            lines.append(f"  effective batch:  {eff['formula']}{suffix}")
         lines.append(f"  optimizer step:   {lp['optimizer_step']}; loss divided by N: {lp['loss_divided']}")
         mem = lp.get("memory") or {}
         if mem.get("total"):
