@@ -319,3 +319,9 @@ def test_bad_input_never_raises():
                 "import transformers\nclass A(transformers.Trainer):\n    def compute_loss(self, *a): pass\n"
                 "t = A(model=A, args=transformers.TrainingArguments(gradient_accumulation_steps='x'))\n"]:
         lint(src)
+
+
+def test_bl505_between_runs_is_fine():
+    src = ("import torch\nfor lr in (1e-5, 3e-5):\n    run(lr)\n    torch.cuda.empty_cache()\n"
+           "for epoch in range(3):\n    trainer.train()\n    torch.cuda.empty_cache()\n")
+    assert codes(src, code="BL505") == []

@@ -4,11 +4,14 @@ and ``TrainingArguments(torch_empty_cache_steps=k)`` which fires on every micro-
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from bertlint.registry import rule
 from bertlint.types import Severity
 
+_STEP_RE = re.compile(r"\.backward\(|\bbackward\(|\.step\(|training_step\(|train_step\(")
 _EMPTY = {"torch.cuda.empty_cache", "torch.mps.empty_cache", "torch.xpu.empty_cache"}
 
 
@@ -20,11 +23,16 @@ class _V(cst.CSTVisitor):
         self.found = []
 
     def visit_For(self, node):
+        # only loops that run training steps: a loop over runs, folds or epochs that calls train() may clear the
+        # cache between them on purpose
+        body = cst.Module(body=[]).code_for_node(node.body)
+        self._steps = getattr(self, "_steps", []) + [bool(_STEP_RE.search(body))]
         self.loops += 1
         self._saved = getattr(self, "_saved", []) + [self.guard]
         self.guard = 0
 
     def leave_For(self, node):
+        self._steps.pop()
         self.loops -= 1
         self.guard = self._saved.pop()
 
@@ -51,7 +59,7 @@ class _V(cst.CSTVisitor):
         self.loops, self.guard = self._fsaved.pop()
 
     def visit_Call(self, node):
-        if self.loops and not self.guard and self.t.qualname(node.func) in _EMPTY:
+        if self.loops and self._steps and self._steps[-1] and not self.guard and self.t.qualname(node.func) in _EMPTY:
             self.found.append(node)
 
 
