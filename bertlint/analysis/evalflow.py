@@ -19,6 +19,7 @@ rules stay silent (``grad_state`` says "unknown", ``is_forward`` says False).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 from typing import Iterable, Iterator, Optional, Union
 
@@ -151,52 +152,130 @@ def target_names(t: cst.BaseExpression) -> list[str]:
     return []
 
 
-class _Walker(cst.CSTVisitor):
-    def __init__(self, flow: "EvalFlow") -> None:
-        super().__init__()
-        self.f = flow
-        self.stack: list[cst.CSTNode] = []
-        self.scopes: list[Scope] = [None]
-        self.n = 0
+_SKIP_FIELDS = {
+    "leading_lines", "lines_after_decorators", "lpar", "rpar", "comma", "semicolon", "header", "footer",
+    "trailing_whitespace", "equal", "colon", "dot", "asynchronous", "newline", "operator", "first_line",
+    "empty_lines", "default_newline", "star_tok", "arrow",
+}
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        f = self.f
-        if self.stack:
-            f.parent[node] = self.stack[-1]
-        self.stack.append(node)
-        f.order[node] = self.n
-        self.n += 1
-        scope = self.scopes[-1]
-        if isinstance(node, cst.Call):
-            f.calls.append(node)
-            f.scope[node] = scope
+
+def _child_fields(tp: type) -> tuple[str, ...]:
+    f = _FIELDS.get(tp)
+    if f is None:
+        f = tuple(x.name for x in dataclasses.fields(tp)
+                  if not x.name.startswith("whitespace") and x.name not in _SKIP_FIELDS)
+        _FIELDS[tp] = f
+    return f
+
+
+_IS_NODE: dict[type, bool] = {}
+
+
+def _is_node_type(tp: type) -> bool:
+    r = _IS_NODE.get(tp)
+    if r is None:
+        r = _IS_NODE[tp] = issubclass(tp, cst.CSTNode)
+    return r
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Syntactic children (no whitespace / comment / punctuation nodes), roughly in source order; decorators come
+    after the body in this order, which no rule compares."""
+    out: list[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        v = getattr(node, name, None)
+        tv = type(v)
+        if tv is list or tv is tuple:
+            for x in v:
+                if _is_node_type(type(x)):
+                    out.append(x)
+        elif v is not None and _is_node_type(tv):
+            out.append(v)
+    return out
+
+
+_LOOP_T = (cst.For, cst.While)
+_ASSIGN_T = (cst.Assign, cst.AugAssign, cst.AnnAssign)
+_RET_T = (cst.Return, cst.Yield)
+
+
+def _walk(flow: "EvalFlow", root: cst.Module) -> None:
+    """One iterative pre-order walk over dataclass fields (several times faster than a libcst visitor): parents,
+    pre-order numbers, end numbers, scopes, and the per-kind indexes. Maps are keyed by ``id(node)``."""
+    parent, order, end, scope_of = flow.parent.d, flow.order.d, flow.end.d, flow.scope.d
+    calls, loops, withs, functions = flow.calls, flow.loops, flow.withs, flow.functions
+    calls_by_final, assigns, names, returns = flow.calls_by_final, flow.assigns, flow.names, flow.returns
+    n = 0
+    stack: list = [(root, None, None)]
+    leave = _LEAVE
+    Call, Name, With, FunctionDef = cst.Call, cst.Name, cst.With, cst.FunctionDef
+    while stack:
+        node, par, scope = stack.pop()
+        if scope is leave:
+            end[id(node)] = n - 1
+            continue
+        key = id(node)
+        if par is not None:
+            parent[key] = par
+        order[key] = n
+        n += 1
+        tp = type(node)
+        inner = scope
+        if tp is Call:
+            calls.append(node)
+            scope_of[key] = scope
             nm = final(call_name(node))
             if nm:
-                f.calls_by_final.setdefault(nm, []).append(node)
-        elif isinstance(node, (cst.For, cst.While)):
-            f.loops.append(node)
-            f.scope[node] = scope
-        elif isinstance(node, cst.With):
-            f.withs.append(node)
-            f.scope[node] = scope
-        elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            f.scope[node] = scope
-            f.assigns.setdefault(scope, []).append(node)
-        elif isinstance(node, cst.Name):
-            f.names.setdefault(scope, []).append(node)
-        elif isinstance(node, (cst.Return, cst.Yield)):
-            f.returns.setdefault(scope, []).append(node)
-        if isinstance(node, cst.FunctionDef):
-            f.scope[node] = scope
-            f.functions.append(node)
-            self.scopes.append(node)
-        return True
+                calls_by_final.setdefault(nm, []).append(node)
+        elif tp is Name:
+            names.setdefault(scope, []).append(node)
+        elif tp in _LOOP_T:
+            loops.append(node)
+            scope_of[key] = scope
+        elif tp is With:
+            withs.append(node)
+            scope_of[key] = scope
+        elif tp in _ASSIGN_T:
+            scope_of[key] = scope
+            assigns.setdefault(scope, []).append(node)
+        elif tp in _RET_T:
+            returns.setdefault(scope, []).append(node)
+        elif tp is FunctionDef:
+            scope_of[key] = scope
+            functions.append(node)
+            inner = node
+        stack.append((node, None, leave))
+        for k in reversed(_children(node)):
+            stack.append((k, node, inner))
 
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.f.end[original_node] = self.n - 1
-        self.stack.pop()
-        if isinstance(original_node, cst.FunctionDef):
-            self.scopes.pop()
+
+class _IdMap:
+    """A dict keyed by node identity (libcst's ``__hash__`` is a Python-level call)."""
+
+    __slots__ = ("d",)
+
+    def __init__(self) -> None:
+        self.d: dict[int, object] = {}
+
+    def get(self, node, default=None):
+        return self.d.get(id(node), default)
+
+    def __getitem__(self, node):
+        return self.d[id(node)]
+
+    def __contains__(self, node) -> bool:
+        return id(node) in self.d
+
+    def __setitem__(self, node, value) -> None:
+        self.d[id(node)] = value
+
+
+class _Leave:
+    pass
+
+
+_LEAVE = _Leave()
 
 
 class EvalFlow:
@@ -204,10 +283,10 @@ class EvalFlow:
         self.module = module
         self.symbols = symbols
         self.filename = filename
-        self.parent: dict[cst.CSTNode, cst.CSTNode] = {}
-        self.order: dict[cst.CSTNode, int] = {}
-        self.end: dict[cst.CSTNode, int] = {}
-        self.scope: dict[cst.CSTNode, Scope] = {}
+        self.parent = _IdMap()  # node -> parent node
+        self.order = _IdMap()  # node -> pre-order number
+        self.end = _IdMap()  # node -> largest pre-order number inside it
+        self.scope = _IdMap()  # call / loop / with / assignment / def -> innermost enclosing function (None: module)
         self.calls: list[cst.Call] = []
         self.calls_by_final: dict[str, list[cst.Call]] = {}
         self.loops: list[Union[cst.For, cst.While]] = []
@@ -216,7 +295,7 @@ class EvalFlow:
         self.assigns: dict[Scope, list[cst.CSTNode]] = {}
         self.names: dict[Scope, list[cst.Name]] = {}
         self.returns: dict[Scope, list[cst.CSTNode]] = {}
-        module.visit(_Walker(self))
+        _walk(self, module)
         self._call_orders = [self.order[c] for c in self.calls]
         self._grad_memo: dict[int, str] = {}
         self._fn_backward: dict[int, Optional[bool]] = {}

@@ -113,10 +113,14 @@ def _torch_target(ctx):
     fix=Applicability.SAFE,
 )
 def check(ctx) -> None:
-    if "amp" not in ctx.source:
+    src = ctx.source
+    if "amp" not in src:
         return
     sym = ctx.symbols
     if not sym.uses("torch"):
+        return
+    if "cuda.amp" not in src and "cpu.amp" not in src and not any(
+            q.startswith(("torch.cuda.amp", "torch.cpu.amp")) for q in sym.imports.values()):
         return
     uses = _Uses()
     ctx.module.visit(uses)
