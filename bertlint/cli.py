@@ -526,6 +526,9 @@ def _parallel(tasks: list, jobs: int) -> list:
             return list(ex.map(_work, tasks, chunksize=chunk))
     except (OSError, ImportError, PermissionError):  # no processes available (sandbox): lint serially
         return [_work(t) for t in tasks]
+    except Exception as e:  # a worker died (BrokenProcessPool): redo the work here (fixes are idempotent)
+        sys.stderr.write(f"warning: parallel linting failed ({type(e).__name__}); linting serially\n")
+        return [_work(t) for t in tasks]
 
 
 def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
