@@ -325,3 +325,9 @@ def test_bl505_between_runs_is_fine():
     src = ("import torch\nfor lr in (1e-5, 3e-5):\n    run(lr)\n    torch.cuda.empty_cache()\n"
            "for epoch in range(3):\n    trainer.train()\n    torch.cuda.empty_cache()\n")
     assert codes(src, code="BL505") == []
+
+
+def test_bl505_per_epoch_after_an_inner_step_loop_is_fine():
+    src = ("import torch\nfor epoch in range(3):\n    for batch in loader:\n        loss = model(**batch).loss\n"
+           "        loss.backward()\n        optimizer.step()\n    torch.cuda.empty_cache()\n")
+    assert codes(src, code="BL505") == []

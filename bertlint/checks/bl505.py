@@ -15,6 +15,24 @@ _STEP_RE = re.compile(r"\.backward\(|\bbackward\(|\.step\(|training_step\(|train
 _EMPTY = {"torch.cuda.empty_cache", "torch.mps.empty_cache", "torch.xpu.empty_cache"}
 
 
+def _runs_steps(loop) -> bool:
+    """The loop's own body (nested loops excluded) runs a backward or an optimizer step."""
+
+    class Strip(cst.CSTTransformer):
+        def leave_For(self, original, updated):
+            return cst.RemovalSentinel.REMOVE if original is not loop else updated
+
+        def leave_While(self, original, updated):
+            return cst.RemovalSentinel.REMOVE if original is not loop else updated
+
+    try:
+        stripped = loop.visit(Strip())
+        text = cst.Module(body=[]).code_for_node(stripped.body) if hasattr(stripped, "body") else ""
+    except Exception:
+        return False
+    return bool(_STEP_RE.search(text))
+
+
 class _V(cst.CSTVisitor):
     def __init__(self, t):
         self.t = t
@@ -25,8 +43,7 @@ class _V(cst.CSTVisitor):
     def visit_For(self, node):
         # only loops that run training steps: a loop over runs, folds or epochs that calls train() may clear the
         # cache between them on purpose
-        body = cst.Module(body=[]).code_for_node(node.body)
-        self._steps = getattr(self, "_steps", []) + [bool(_STEP_RE.search(body))]
+        self._steps = getattr(self, "_steps", []) + [_runs_steps(node)]
         self.loops += 1
         self._saved = getattr(self, "_saved", []) + [self.guard]
         self.guard = 0
