@@ -4,6 +4,10 @@ bounds the stored logits (REFERENCE §1.9: every batch's B×L×V logits stay on 
 from __future__ import annotations
 
 from bertlint.analysis.setup import TOKEN_LEVEL_HEADS
+
+# heads whose logits have one column per vocabulary entry (B × L × V): token classification has a handful of labels
+# per token, small enough not to be reported
+_VOCAB_HEADS = TOKEN_LEVEL_HEADS - {"ForTokenClassification"}
 from bertlint.analysis.symbols import UNKNOWN as UNKNOWN_
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -17,7 +21,7 @@ def check(ctx) -> None:
         return
     for ti in ctx.setup.trainers:
         a, m = ti.args, ti.model
-        if a is None or m is None or ti.compute_metrics is None or m.head not in TOKEN_LEVEL_HEADS:
+        if a is None or m is None or ti.compute_metrics is None or m.head not in _VOCAB_HEADS:
             continue
         if ti.preprocess_logits_for_metrics is not None:
             continue
@@ -30,8 +34,8 @@ def check(ctx) -> None:
         if not evaluates:
             continue
         vocab = (m.architecture or {}).get("vocab_size")
-        size = "B × L × vocab" if m.head in ("ForMaskedLM", "ForCausalLM", "LMHeadModel") else "B × L × labels"
-        extra = f" (vocab {vocab})" if vocab and "vocab" in size else ""
+        size = "B × L × vocab"
+        extra = f" (vocab {vocab})" if vocab else ""
         ctx.report(
             ti.node,
             f"Evaluation of `{m.class_name}` with `compute_metrics`: the Trainer keeps every eval batch's "
