@@ -35,6 +35,65 @@ from bertlint.analysis.symbols import (
 
 LoopNode = Union[cst.For, cst.While]
 
+# ---------------------------------------------------------------------------------------------- fast traversal
+# libcst's visitor machinery costs most of the analysis time; rules only need expression / statement children,
+# so iterate the dataclass fields directly (whitespace, parentheses and punctuation fields skipped).
+import dataclasses as _dc
+
+_SKIP_FIELD = re.compile(r"^(whitespace|lpar|rpar|leading_lines|lines_after|header|footer|comma|semicolon|dot$|"
+                         r"colon|equal|star$|newline|trailing_whitespace|first_line|empty_lines|indent|"
+                         r"asynchronous|operator$|encoding|default_indent|default_newline|has_trailing_newline)")
+_FIELDS: dict = {}
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_SCOPE_TYPES = frozenset(_SCOPES)
+
+
+def _fields(tp) -> tuple:
+    f = _FIELDS.get(tp)
+    if f is None:
+        f = tuple(x.name for x in _dc.fields(tp) if not _SKIP_FIELD.match(x.name))
+        _FIELDS[tp] = f
+    return f
+
+
+_ISNODE: dict = {}
+
+
+def _isnode(v) -> bool:
+    t = type(v)
+    r = _ISNODE.get(t)
+    if r is None:
+        r = _ISNODE[t] = issubclass(t, cst.CSTNode)
+    return r
+
+
+def iter_children(node: cst.CSTNode):
+    out = []
+    for name in _fields(type(node)):
+        v = getattr(node, name, None)
+        t = type(v)
+        if t is list or t is tuple:
+            for x in v:
+                if _isnode(x):
+                    out.append(x)
+        elif _isnode(v):
+            out.append(v)
+    return out
+
+
+def walk(node: cst.CSTNode, into_scopes: bool = False):
+    """Pre-order nodes under ``node`` (itself included); nested def / class / lambda bodies skipped unless asked."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if not into_scopes and n is not node and type(n) in _SCOPE_TYPES:
+            continue
+        kids = iter_children(n)
+        kids.reverse()
+        stack.extend(kids)
+
+
 # names that denote an accumulation factor
 ACCUM_RE = re.compile(
     r"accum|grad_acc|gradient_acc|(^|[._])gas($|[._])|(^|[._])ga_steps|update_freq|accumulate_grad_batches|"
@@ -337,83 +396,68 @@ class TrainingLoop:
 
 
 # ---------------------------------------------------------------------------------------------- collection
-class _Collector(cst.CSTVisitor):
+class _Collector:
     """One walk: loops with their function / class, tuple-unpacking assignments, calls of interest."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.loops: list[tuple[LoopNode, Optional[cst.FunctionDef], Optional[cst.ClassDef], list[LoopNode]]] = []
         self.unpacks: list[tuple[list[Optional[str]], cst.Call, Optional[cst.FunctionDef]]] = []
         self.calls: list[tuple[cst.Call, str, Optional[cst.FunctionDef]]] = []
         self.method_class: dict[int, cst.ClassDef] = {}
         self.class_methods: dict[str, dict[str, cst.FunctionDef]] = {}
-        self.func_stack: list[cst.FunctionDef] = []
-        self.class_stack: list[cst.ClassDef] = []
-        self.loop_stack: list[LoopNode] = []
         self.module_funcs: dict[str, list[cst.FunctionDef]] = {}
         self.exotic = False  # exec/eval present
-        self.scope: list = []
-        self.saved_loops: list = []
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.class_stack.append(node)
-        self.scope.append(node)
-        self.class_methods.setdefault(node.name.value, {})
+    def from_symbols(self, t) -> None:
+        self.method_class = t.method_class
+        self.class_methods = t.class_methods
+        self.module_funcs = t.module_funcs
+        self.unpacks = t.unpacks
+        self.calls = t.calls
+        self.exotic = any(name in ("exec", "eval") for _, name, _ in t.calls)
+        for node, func, outer in t.loop_nodes:
+            cls = self.method_class.get(id(func)) if func is not None else None
+            self.loops.append((node, func, cls, outer))
 
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self.class_stack.pop()
-        self.scope.pop()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        parent = self.scope[-1] if self.scope else None
-        if isinstance(parent, cst.ClassDef):
-            self.method_class[id(node)] = parent
-            self.class_methods[parent.name.value][node.name.value] = node
-        elif parent is None:
-            self.module_funcs.setdefault(node.name.value, []).append(node)
-        self.scope.append(node)
-        self.func_stack.append(node)
-        self.saved_loops.append(self.loop_stack)
-        self.loop_stack = []
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.func_stack.pop()
-        self.scope.pop()
-        self.loop_stack = self.saved_loops.pop()
-
-    def _loop(self, node: LoopNode) -> None:
-        func = self.func_stack[-1] if self.func_stack else None
-        cls = self.method_class.get(id(func)) if func is not None else None
-        self.loops.append((node, func, cls, list(self.loop_stack)))
-        self.loop_stack.append(node)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._loop(node)
-
-    def leave_For(self, original_node: cst.For) -> None:
-        self.loop_stack.pop()
-
-    def visit_While(self, node: cst.While) -> None:
-        self._loop(node)
-
-    def leave_While(self, original_node: cst.While) -> None:
-        self.loop_stack.pop()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if isinstance(node.value, cst.Call):
-            for t in node.targets:
-                if isinstance(t.target, (cst.Tuple, cst.List)):
-                    names = []
-                    for el in t.target.elements:
-                        names.append(dotted(el.value) if not isinstance(el, cst.StarredElement) else None)
-                    self.unpacks.append((names, node.value, self.func_stack[-1] if self.func_stack else None))
-
-    def visit_Call(self, node: cst.Call) -> None:
-        name = call_name(node)
-        if name:
-            self.calls.append((node, name, self.func_stack[-1] if self.func_stack else None))
-            if name in ("exec", "eval"):
-                self.exotic = True
+    def run(self, module: cst.Module) -> None:
+        # explicit stack: (node, scope (FunctionDef | ClassDef | None), func, loops enclosing it in its function)
+        stack: list = [(module, None, None, ())]
+        ClassDef, FunctionDef, For, While, Assign, Call = (cst.ClassDef, cst.FunctionDef, cst.For, cst.While,
+                                                          cst.Assign, cst.Call)
+        while stack:
+            node, scope, func, loops = stack.pop()
+            tp = type(node)
+            if tp is ClassDef:
+                self.class_methods.setdefault(node.name.value, {})
+                kids_scope, kids_func, kids_loops = node, func, ()
+            elif tp is FunctionDef:
+                if type(scope) is ClassDef:
+                    self.method_class[id(node)] = scope
+                    self.class_methods[scope.name.value][node.name.value] = node
+                elif scope is None:
+                    self.module_funcs.setdefault(node.name.value, []).append(node)
+                kids_scope, kids_func, kids_loops = node, node, ()
+            elif tp is For or tp is While:
+                cls = self.method_class.get(id(func)) if func is not None else None
+                self.loops.append((node, func, cls, list(loops)))
+                kids_scope, kids_func, kids_loops = scope, func, loops + (node,)
+            else:
+                kids_scope, kids_func, kids_loops = scope, func, loops
+                if tp is Assign and type(node.value) is Call:
+                    for t in node.targets:
+                        if isinstance(t.target, (cst.Tuple, cst.List)):
+                            names = [dotted(el.value) if not isinstance(el, cst.StarredElement) else None
+                                     for el in t.target.elements]
+                            self.unpacks.append((names, node.value, func))
+                elif tp is Call:
+                    name = call_name(node)
+                    if name:
+                        self.calls.append((node, name, func))
+                        if name in ("exec", "eval"):
+                            self.exotic = True
+            kids = iter_children(node)
+            for k in reversed(kids):
+                stack.append((k, kids_scope, kids_func, kids_loops))
 
 
 class FileLoops:
@@ -425,7 +469,10 @@ class FileLoops:
         self.r = resolver
         c = _Collector()
         try:
-            module.visit(c)
+            if hasattr(symbols, "loop_nodes"):
+                c.from_symbols(symbols)  # the shared walk already collected the structure
+            else:
+                c.run(module)
         except RecursionError:
             c = _Collector()
         self.c = c
@@ -730,15 +777,14 @@ class FileLoops:
         key = id(node)
         if key in self._backward_memo:
             return self._backward_memo[key]
-        finder = _CallFinder()
-        node.visit(finder)
+        calls = [n for n in walk(node) if type(n) is cst.Call]
         res = False
-        for call in finder.calls:
+        for call in calls:
             if backward_style(call, self) is not None:
                 res = True
                 break
         if not res and depth < 3:
-            for call in finder.calls:
+            for call in calls:
                 fn = self.callee(call, None, cls)
                 if fn is not None and id(fn) not in seen:
                     seen.add(id(fn))
@@ -749,41 +795,25 @@ class FileLoops:
         return res
 
 
-class _CallFinder(cst.CSTVisitor):
-    """Calls in a subtree, not entering nested function / class / lambda definitions."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[cst.Call] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-    def visit_FunctionDef(self, node) -> bool:
-        return False
-
-    def visit_ClassDef(self, node) -> bool:
-        return False
-
-    def visit_Lambda(self, node) -> bool:
-        return False
-
-
 def _names_in(expr: cst.CSTNode) -> list[str]:
     out: list[str] = []
-
-    class V(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            d = dotted(node)
+    stack = [expr]
+    while stack:
+        n = stack.pop()
+        tp = type(n)
+        if tp is cst.Attribute:
+            d = dotted(n)
             if d:
                 out.append(d)
-                return False
-            return True
-
-        def visit_Name(self, node: cst.Name) -> None:
-            out.append(node.value)
-
-    expr.visit(V())
+                continue
+        elif tp is cst.Name:
+            out.append(n.value)
+            continue
+        elif tp in _SCOPE_TYPES and n is not expr:
+            continue
+        kids = iter_children(n)
+        kids.reverse()
+        stack.extend(kids)
     return out
 
 
@@ -1292,30 +1322,26 @@ def _body_list(suite) -> list:
 
 
 def _walk_expr(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Sub-expressions in evaluation order (children before parents for calls), no nested defs/lambdas."""
+    """Binary operations (pre-order) and calls (post-order: arguments before the call), no nested scopes."""
     out: list[cst.CSTNode] = []
 
-    class V(cst.CSTVisitor):
-        def visit_Lambda(self, n) -> bool:
-            return False
-
-        def visit_FunctionDef(self, n) -> bool:
-            return False
-
-        def leave_Call(self, original_node: cst.Call) -> None:
-            out.append(original_node)
-
-        def visit_BinaryOperation(self, n: cst.BinaryOperation) -> None:
+    def rec(n: cst.CSTNode, depth: int) -> None:
+        tp = type(n)
+        if depth > 200 or (tp in _SCOPE_TYPES and n is not node):
+            return
+        if tp is cst.BinaryOperation:
+            out.append(n)
+        for c in iter_children(n):
+            rec(c, depth + 1)
+        if tp is cst.Call:
             out.append(n)
 
-    node.visit(V())
+    rec(node, 0)
     return out
 
 
 def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
-    fnd = _CallFinder()
-    node.visit(fnd)
-    return fnd.calls
+    return [n for n in walk(node) if type(n) is cst.Call]
 
 
 def _has_forward(suite: cst.BaseSuite) -> bool:
@@ -1328,61 +1354,34 @@ def _has_forward(suite: cst.BaseSuite) -> bool:
     return False
 
 
-class _Assigned(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def _t(self, t) -> None:
-        if isinstance(t, (cst.Tuple, cst.List)):
-            for el in t.elements:
-                self._t(el.value)
-        elif isinstance(t, cst.StarredElement):
-            self._t(t.value)
-        else:
-            d = dotted(t)
-            if d:
-                self.names.add(d)
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for t in node.targets:
-            self._t(t.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._t(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._t(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._t(node.target)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        if node.asname is not None:
-            self._t(node.asname.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._t(node.target)
+def _target_names(t, out: set) -> None:
+    if isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            _target_names(el.value, out)
+    elif isinstance(t, cst.StarredElement):
+        _target_names(t.value, out)
+    else:
+        d = dotted(t)
+        if d:
+            out.add(d)
 
 
 def _assigned_names(loop: LoopNode) -> set[str]:
-    v = _Assigned()
-    loop.visit(v)
-    return v.names
+    out: set = set()
+    for n in walk(loop, into_scopes=False):
+        tp = type(n)
+        if tp is cst.Assign:
+            for t in n.targets:
+                _target_names(t.target, out)
+        elif tp is cst.AugAssign or tp is cst.AnnAssign or tp is cst.For or tp is cst.NamedExpr:
+            _target_names(n.target, out)
+        elif tp is cst.WithItem and n.asname is not None:
+            _target_names(n.asname.name, out)
+    return out
 
 
 def _stmt_nodes_in(loop: LoopNode) -> list:
-    out = []
-
-    class V(cst.CSTVisitor):
-        def visit_Assign(self, n) -> None:
-            out.append(n)
-
-        def visit_AnnAssign(self, n) -> None:
-            out.append(n)
-
-    loop.visit(V())
-    return out
+    return [n for n in walk(loop, into_scopes=True) if type(n) is cst.Assign or type(n) is cst.AnnAssign]
 
 
 def build(ctx) -> FileLoops:

@@ -108,6 +108,15 @@ class SymbolTable(cst.CSTVisitor):
         self.class_bases: dict[str, list[str]] = {}
         self._func_stack: list[cst.FunctionDef] = []
         self._class_stack: list[cst.ClassDef] = []
+        # structure for the training-loop analysis (bertlint/analysis/loops.py), collected in the same walk
+        self.loop_nodes: list[tuple[cst.CSTNode, FuncNode, list]] = []  # (for/while, function, enclosing loops)
+        self.unpacks: list[tuple[list, cst.Call, FuncNode]] = []  # ``a, b = f(...)`` (targets as dotted names)
+        self.calls: list[tuple[cst.Call, str, FuncNode]] = []  # every call with a dotted name
+        self.method_class: dict[int, cst.ClassDef] = {}  # id(FunctionDef) -> class, for direct methods
+        self.class_methods: dict[str, dict[str, cst.FunctionDef]] = {}
+        self.module_funcs: dict[str, list[cst.FunctionDef]] = {}  # module-level functions only
+        self._scope: list[cst.CSTNode] = []
+        self._loop_stack: list[list] = [[]]
 
     # ---- imports
     def visit_Import(self, node: cst.Import) -> None:
@@ -139,13 +148,41 @@ class SymbolTable(cst.CSTVisitor):
     # ---- scopes
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.setdefault(node.name.value, []).append(node)
+        parent = self._scope[-1] if self._scope else None
+        if isinstance(parent, cst.ClassDef):
+            self.method_class[id(node)] = parent
+            self.class_methods.setdefault(parent.name.value, {})[node.name.value] = node
+        elif parent is None:
+            self.module_funcs.setdefault(node.name.value, []).append(node)
+        self._scope.append(node)
+        self._loop_stack.append([])
         self._func_stack.append(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._func_stack.pop()
+        self._scope.pop()
+        self._loop_stack.pop()
+
+    def _loop(self, node: cst.CSTNode) -> None:
+        self.loop_nodes.append((node, self._func_stack[-1] if self._func_stack else None, list(self._loop_stack[-1])))
+        self._loop_stack[-1].append(node)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._loop(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self._loop_stack[-1].pop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._loop(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self._loop_stack[-1].pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes[node.name.value] = node
+        self.class_methods.setdefault(node.name.value, {})
+        self._scope.append(node)
         self.class_bases[node.name.value] = [d for d in (dotted(b.value) for b in node.bases) if d]
         self._class_stack.append(node)
         is_dc = any(
@@ -165,6 +202,7 @@ class SymbolTable(cst.CSTVisitor):
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self._class_stack.pop()
+        self._scope.pop()
 
     # ---- assignments
     def _add(self, target: cst.BaseExpression, value: cst.BaseExpression, node: cst.CSTNode) -> None:
@@ -181,6 +219,9 @@ class SymbolTable(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
             self._add(t.target, node.value, node)
+            if isinstance(t.target, (cst.Tuple, cst.List)) and isinstance(node.value, cst.Call):
+                names = [None if isinstance(el, cst.StarredElement) else dotted(el.value) for el in t.target.elements]
+                self.unpacks.append((names, node.value, self._func_stack[-1] if self._func_stack else None))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and not self._class_stack or (self._func_stack and node.value is not None):
@@ -188,6 +229,8 @@ class SymbolTable(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         name = call_name(node)
+        if name:
+            self.calls.append((node, name, self._func_stack[-1] if self._func_stack else None))
         if name and name.endswith("add_argument"):
             opts = [a.value for a in node.args if a.keyword is None]
             strings = [literal(o) for o in opts]
