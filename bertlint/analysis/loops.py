@@ -730,7 +730,7 @@ class FileLoops:
             return "optimizer-steps"
         if re.search(r"ceil\s*\(", joined) and any(ACCUM_RE.search(d) for d in re.findall(r"[\w.]+", joined)):
             return "optimizer-steps"
-        if "len(" in joined and not unresolved[0] and not re.search(r"max_(train_)?steps", joined):
+        if "len(" in joined and not unresolved[0] and not re.search(r"\.\s*max_(train_)?steps", joined):
             return "micro-batches"
         return "unknown"
 
