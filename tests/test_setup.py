@@ -209,3 +209,26 @@ class T(Trainer(1)): pass
 """)
     assert all(t.model is None for t in fs.trainers)
     assert fs.training_args[0].open_ended
+
+
+def test_parameters_stand_for_what_the_one_caller_passes():
+    fs = setup_of(HEAD + """
+model = AutoModelForSequenceClassification.from_pretrained("gpt2")
+def build(model, args):
+    return Trainer(model=model, args=args)
+def main():
+    m = AutoModelForSequenceClassification.from_pretrained("roberta-base")
+    a = TrainingArguments("o", gradient_accumulation_steps=4)
+    t = build(m, args=a)
+""")
+    (t,) = fs.trainers
+    assert t.model.class_name == "RobertaForSequenceClassification"
+    assert t.args.get("gradient_accumulation_steps") == 4
+    fs2 = setup_of(HEAD + """
+model = AutoModelForSequenceClassification.from_pretrained("roberta-base")
+def build(model):
+    return Trainer(model=model, args=TrainingArguments("o", gradient_accumulation_steps=4))
+build(x)
+build(y)
+""")
+    assert fs2.trainers[0].model is None  # two callers: unknown, not the module-level `model`

@@ -1053,7 +1053,8 @@ class _Builder:
         ti.optimizers = kwarg(call, "optimizers")
         ti.callbacks = kwarg(call, "callbacks")
         if ti.model_expr is not None:
-            ti.model = self.model_from_expr(ti.model_expr, site.func, before_row=self.col.order.get(id(site.call), 0))
+            mexpr, mfunc, morder = self.through_param(ti.model_expr, site.func, self.col.order.get(id(site.call), 0))
+            ti.model = self.model_from_expr(mexpr, mfunc, before_row=morder) if mexpr is not None else None
         else:
             mi = kwarg(call, "model_init")
             fname = dotted(mi) if mi is not None else None
@@ -1062,8 +1063,34 @@ class _Builder:
                 ret = _single_return(fdef)
                 if ret is not None:
                     ti.model = self.model_from_expr(ret, fdef)
-        ti.args = self._args_for(ti.args_expr, site.func, all_args)
+        aexpr, afunc, _ = self.through_param(ti.args_expr, site.func, 0)
+        ti.args = self._args_for(aexpr, afunc, all_args) if aexpr is not None else None
         return ti
+
+    def through_param(self, expr, func, order: int):
+        """A name that is a parameter of the enclosing function stands for what its one caller passes:
+        (argument expression, caller's function, order of the call). (None, None, 0) when that is not one known
+        call site; ``expr`` unchanged when it is not a parameter."""
+        if not isinstance(expr, cst.Name) or func is None:
+            return expr, func, order
+        p = func.params
+        params = [x.name.value for x in (*p.posonly_params, *p.params)]
+        kwonly = [x.name.value for x in p.kwonly_params]
+        if expr.value not in params and expr.value not in kwonly:
+            return expr, func, order
+        if params and params[0] in ("self", "cls"):
+            return None, None, 0
+        fname = func.name.value
+        sites = [c for c in self.col.calls if call_name(c.call) == fname]
+        if len(sites) != 1:
+            return None, None, 0
+        call = sites[0].call
+        arg = kwarg(call, expr.value)
+        if arg is None and expr.value in params:
+            arg = positional(call, params.index(expr.value))
+        if arg is None or any(a.star for a in call.args):
+            return None, None, 0
+        return arg, sites[0].func, self.col.order.get(id(call), 0)
 
     def _args_for(self, expr, func, all_args: list[TrainingArgs]) -> Optional[TrainingArgs]:
         if expr is None:
