@@ -232,3 +232,9 @@ build(x)
 build(y)
 """)
     assert fs2.trainers[0].model is None  # two callers: unknown, not the module-level `model`
+
+
+def test_default_keyword_values_count_as_absent():
+    fs = setup_of(HEAD + "t = Trainer(model=m, compute_loss_func=None, optimizers=(None, None), compute_metrics=None)\n")
+    (t,) = fs.trainers
+    assert t.compute_loss_func is None and t.optimizers is None and t.compute_metrics is None

@@ -1047,11 +1047,11 @@ class _Builder:
         call = site.call
         ti.model_expr = kwarg(call, "model") or positional(call, 0)
         ti.args_expr = kwarg(call, "args") or positional(call, 1)
-        ti.compute_loss_func = kwarg(call, "compute_loss_func")
-        ti.compute_metrics = kwarg(call, "compute_metrics")
-        ti.preprocess_logits_for_metrics = kwarg(call, "preprocess_logits_for_metrics")
-        ti.optimizers = kwarg(call, "optimizers")
-        ti.callbacks = kwarg(call, "callbacks")
+        ti.compute_loss_func = _not_none(kwarg(call, "compute_loss_func"))
+        ti.compute_metrics = _not_none(kwarg(call, "compute_metrics"))
+        ti.preprocess_logits_for_metrics = _not_none(kwarg(call, "preprocess_logits_for_metrics"))
+        ti.optimizers = _not_none(kwarg(call, "optimizers"))
+        ti.callbacks = _not_none(kwarg(call, "callbacks"))
         if ti.model_expr is not None:
             mexpr, mfunc, morder = self.through_param(ti.model_expr, site.func, self.col.order.get(id(site.call), 0))
             ti.model = self.model_from_expr(mexpr, mfunc, before_row=morder) if mexpr is not None else None
@@ -1181,6 +1181,15 @@ class _Builder:
                 fs.models.append(m)
                 seen.add((m.var, id(m.node)))
         return fs
+
+
+def _not_none(expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """``None`` for an absent keyword, a literal ``None`` and ``(None, None)`` (the defaults)."""
+    if expr is None or literal(expr) is None:
+        return None
+    if isinstance(expr, (cst.Tuple, cst.List)) and expr.elements and all(literal(e.value) is None for e in expr.elements):
+        return None
+    return expr
 
 
 def _single_return(fdef: cst.FunctionDef) -> Optional[cst.BaseExpression]:
