@@ -144,6 +144,9 @@ async def session(root: Path, *, server: list[str] | None = None, notebooks: boo
             ),
             publish_diagnostics=types.PublishDiagnosticsClientCapabilities(version_support=True),
         ),
+        workspace=types.WorkspaceClientCapabilities(
+            did_change_watched_files=types.DidChangeWatchedFilesClientCapabilities(dynamic_registration=True)
+        ),
         notebook_document=(
             types.NotebookDocumentClientCapabilities(
                 synchronization=types.NotebookDocumentSyncClientCapabilities()
@@ -416,6 +419,15 @@ async def test_pyproject_configuration_is_honoured(tmp_path):
         (sub / "pyproject.toml").write_text('[tool.bertlint]\nignore = ["BL1"]\n')
         change_doc(client, ignored, BUGGY, 3)
         await wait_for(client, ignored, lambda ds: "BL101" not in codes(ds) and client.published[-1].version == 3)
+
+        # or at once, for every open file, when the editor reports the configuration file changed
+        (sub / "pyproject.toml").write_text("[tool.bertlint]\n")
+        client.workspace_did_change_watched_files(
+            types.DidChangeWatchedFilesParams(
+                changes=[types.FileEvent(uri=(sub / "pyproject.toml").as_uri(), type=types.FileChangeType.Changed)]
+            )
+        )
+        await wait_for(client, ignored, lambda ds: "BL101" in codes(ds))
 
 
 async def test_hover_shows_the_rule(tmp_path):

@@ -89,7 +89,7 @@ def page_path(code: str) -> Optional[Path]:
     for base in (_PKG / "pages", _PKG.parent / "rules"):
         p = base / f"{code}.md"
         if p.is_file():
-            return p
+            return p.resolve()  # bertlint/pages may be a link to rules/: give the editor the real file
     return None
 
 

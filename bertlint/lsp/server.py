@@ -569,9 +569,30 @@ def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
 
     @server.feature(types.INITIALIZED)
     async def initialized(ls: BertlintServer, params: types.InitializedParams) -> None:
-        # warm the worker: load and guard the rules, build the caches a first lint needs
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(ls.executor, _warm_up)
+        warm = loop.run_in_executor(ls.executor, _warm_up)  # rules loaded, caches a first lint needs
+        caps = ls.client_capabilities.workspace
+        watched = caps.did_change_watched_files if caps else None
+        if watched is not None and watched.dynamic_registration:
+            # re-lint the open files when a configuration changes on disk, even if none of them is edited
+            options = types.DidChangeWatchedFilesRegistrationOptions(
+                watchers=[types.FileSystemWatcher(glob_pattern=f"**/{name}") for name in CONFIG_NAMES]
+            )
+            try:
+                await ls.client_register_capability_async(
+                    types.RegistrationParams(
+                        registrations=[
+                            types.Registration(
+                                id="bertlint-config-watcher",
+                                method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+                                register_options=options,
+                            )
+                        ]
+                    )
+                )
+            except Exception as e:  # the client said no: configuration changes apply at the next edit
+                logger.info("file watcher registration refused: %s", e)
+        await warm
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     async def did_open(ls: BertlintServer, params: types.DidOpenTextDocumentParams) -> None:
