@@ -331,3 +331,16 @@ def test_bl505_per_epoch_after_an_inner_step_loop_is_fine():
     src = ("import torch\nfor epoch in range(3):\n    for batch in loader:\n        loss = model(**batch).loss\n"
            "        loss.backward()\n        optimizer.step()\n    torch.cuda.empty_cache()\n")
     assert codes(src, code="BL505") == []
+
+
+def test_bl405_compute_loss_func_that_ignores_num_items():
+    pre = ("import torch\n"
+           "def my_loss(outputs, labels, num_items_in_batch=None):\n"
+           "    return torch.nn.functional.cross_entropy(outputs.logits, labels)\n")
+    src = pre + _src(extra=", compute_loss_func=my_loss")
+    assert codes(src, code="BL405") == [("BL405", 7)]
+    assert codes(src, "4.57.1", "BL405") == []
+    good = src.replace("return torch.nn.functional.cross_entropy(outputs.logits, labels)",
+                       "return torch.nn.functional.cross_entropy(outputs.logits, labels, reduction='sum') / num_items_in_batch")
+    assert codes(good, code="BL405") == []
+    assert codes(_src(extra=", compute_loss_func=make_loss()"), code="BL405") == []

@@ -11,7 +11,10 @@ statically > 1.
 
 from __future__ import annotations
 
-from bertlint.checks._trainer import calls_super_compute_loss, loss_ignores_num_items, model_phrase
+import libcst as cst
+
+from bertlint.analysis.symbols import code_of, dotted
+from bertlint.checks._trainer import calls_super_compute_loss, loss_ignores_num_items, model_phrase, reads_name
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -31,12 +34,18 @@ def check(ctx) -> None:
         return
     for ti in fs.trainers:
         args = ti.args
-        if args is None or ti.model is None:
+        if args is None:
             continue
         n = args.int("gradient_accumulation_steps")
         if n is None or n <= 1:
             continue
-        if ti.loss_scaling_override or ti.compute_loss_func is not None or "training_step" in ti.methods:
+        if ti.loss_scaling_override or "training_step" in ti.methods:
+            continue
+        if ti.compute_loss_func is not None:
+            if ti.compute_loss is None:
+                _check_loss_func(ctx, ti, n, args)
+            continue
+        if ti.model is None:
             continue
         cl = ti.compute_loss
         if cl is not None and not calls_super_compute_loss(cl):
@@ -96,3 +105,43 @@ def check(ctx) -> None:
                 "trainer_var": ti.var,
             },
         )
+
+
+def _check_loss_func(ctx, ti, n: int, args) -> None:
+    """``compute_loss_func=f``: on 5.x the Trainer never divides by N when one is given, so ``f`` must normalise by
+    its ``num_items_in_batch`` argument. Reported only for a function of this file whose body never reads it."""
+    tv = ctx.versions.transformers
+    if not tv.at_least("5.0.0"):
+        return
+    name = dotted(ti.compute_loss_func)
+    defs = ctx.symbols.functions.get(name or "", [])
+    if len(defs) != 1 or "." in (name or ""):
+        return
+    fdef = defs[0]
+    p = fdef.params
+    params = [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
+    if len(params) >= 3:
+        third = params[2]
+    elif p.star_kwarg is not None or p.star_arg is not None and isinstance(p.star_arg, cst.Param):
+        third = None
+    else:
+        return  # cannot even receive it: a TypeError, not this rule
+    if third and reads_name(fdef, third):
+        return
+    if p.star_kwarg is not None and reads_name(fdef, p.star_kwarg.name.value):
+        return
+    if isinstance(p.star_arg, cst.Param) and reads_name(fdef, p.star_arg.name.value):
+        return
+    body = code_of(fdef)
+    if "gradient_accumulation_steps" in body or "num_items_in_batch" in body.split(":", 1)[-1]:
+        return
+    ctx.report(
+        ti.node,
+        f"On {tv.describe()}, a Trainer given `compute_loss_func={name}` never divides the loss by the accumulation "
+        f"steps — the function is expected to normalise by `num_items_in_batch` — but `{name}` never reads "
+        f"`{third or 'num_items_in_batch'}`: with gradient_accumulation_steps={n} each optimizer step applies the "
+        f"sum of {n} per-micro-batch losses, {n}× too large. Fix: return `loss_sum / num_items_in_batch` from "
+        f"`{name}` (token-exact), or divide its result by the accumulation steps.",
+        data={"accumulation": n, "transformers": tv.text, "version_source": tv.source, "kind": "loss_func",
+              "trainer_var": ti.var},
+    )
