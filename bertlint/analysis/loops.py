@@ -982,7 +982,10 @@ class _LoopWalker:
             self._block(_body_list(stmt.body), gates, a2, n2, via, cls, func, depth)
             if ns_recv is not None and not nosync:
                 inside = self.loop.events[before:]
-                fwd = _has_forward(stmt.body)
+                mname = ns_recv.rsplit(".", 1)[0]
+                fwd = _has_forward(stmt.body) or any(
+                    dotted(c.func) == mname for c in _calls_of(stmt.body)
+                )
                 bwd = any(e.kind == "backward" for e in inside)
                 self.loop.no_sync_blocks.append((stmt, ns_recv, fwd, bwd))
                 self.loop.no_sync_gates[id(stmt)] = tuple(gates)
