@@ -93,6 +93,11 @@ def who_divides(setup, versions, fs) -> dict:
     fam, head = (m.family, m.head) if m else (None, None)
     kind = loss_ignores_num_items(tv, fam, head)
     nn = n if n else "N"
+    if n is None and kind is not None:
+        return {"who": "nobody, if gradient_accumulation_steps > 1",
+                "detail": f"the accumulation steps are not known statically; with N > 1, {m.class_name} ignores "
+                          f"`num_items_in_batch` and the Trainer does not divide {where}: loss and gradients ×N",
+                "inflated": None}
     if kind == "5x":
         return {"who": "nobody", "detail": f"{m.class_name} accepts `**kwargs` but ignores `num_items_in_batch`, so "
                                            f"the Trainer does not divide and the model returns a per-micro-batch mean: "
@@ -493,6 +498,8 @@ def _explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len_
     d["optimizer_steps"] = _steps(s, world)
     d["scheduler"] = _scheduler(s, ctx)
     d["precision"] = s.precision
+    if d["precision"] == "unknown" and a is not None and a.runtime_cli:
+        d["precision"] = "set on the command line (default: float32, no mixed precision)"
     d["checkpointing"] = checkpointing_info(s, versions)
     d["loss_division"] = who_divides(s, versions, fs)
     sl, sl_src = _seq_len(ctx, s, seq_len_arg)
