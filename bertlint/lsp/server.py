@@ -579,7 +579,7 @@ def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
                 watchers=[types.FileSystemWatcher(glob_pattern=f"**/{name}") for name in CONFIG_NAMES]
             )
             try:
-                await ls.client_register_capability_async(
+                register = ls.client_register_capability_async(
                     types.RegistrationParams(
                         registrations=[
                             types.Registration(
@@ -590,6 +590,7 @@ def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
                         ]
                     )
                 )
+                await asyncio.wait_for(register, 10)
             except Exception as e:  # the client said no: configuration changes apply at the next edit
                 logger.info("file watcher registration refused: %s", e)
         await warm
