@@ -637,10 +637,32 @@ class FileLoops:
                 self.accelerator_ga_unknown = True
 
     def factor(self, expr: cst.BaseExpression, source: str, func) -> AccumFactor:
+        v = self.int_value(expr, func)
+        return AccumFactor(code_of(expr).strip(), v, source, expr)
+
+    def int_value(self, expr: Optional[cst.BaseExpression], func) -> Optional[int]:
+        """An integer the expression resolves to; None when unknown. A command-line / config default of 1 counts
+        as unknown: the script is written for the value passed at launch (``--gradient_accumulation_steps 8``)."""
+        if expr is None:
+            return None
         v = self.r.int_value(expr, func)
         if v is None:
             v = self.r.int_value(expr, None)
-        return AccumFactor(code_of(expr).strip(), v, source, expr)
+        if v == 1 and self._from_cli(expr, func, 0):
+            return None
+        return v
+
+    def _from_cli(self, expr: cst.BaseExpression, func, depth: int) -> bool:
+        if depth > 4:
+            return False
+        for name in _names_in(expr):
+            last = name.split(".")[-1]
+            if "." in name and (last in self.t.argparse or last in self.t.dataclass_fields):
+                return True
+            for a in (self.t.assignments_of(name, func) or [])[:3]:
+                if self._from_cli(a.value, a.func, depth + 1):
+                    return True
+        return False
 
     def receiver_kind(self, recv: Optional[str]) -> tuple[Optional[str], bool]:
         """(kind, confident) of a receiver text such as ``optimizer`` or ``self.scheduler``."""
@@ -681,14 +703,14 @@ class FileLoops:
             return True
         if loop is None:
             return False
-        v = self.r.int_value(expr, loop.func)
+        v = self.int_value(expr, loop.func)
         for e in loop.steps:
             for g in e.frequency_gates:
                 if g.kind != "modulo" or g.modulus is None or not g.on_boundary:
                     continue
                 if g.modulus_text == text:
                     return True
-                mv = self.r.int_value(g.modulus, loop.func)
+                mv = self.int_value(g.modulus, loop.func)
                 if v is not None and mv is not None and v == mv and v > 1:
                     return True
         if self.accelerator_ga is not None and v is not None and self.accelerator_ga.value == v and v > 1:

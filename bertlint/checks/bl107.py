@@ -21,22 +21,25 @@ def check(ctx) -> None:
             continue
         for e in loop.steps:
             for g in e.frequency_gates:
-                if g.kind != "modulo" or not g.on_boundary or g.negated or not g.eq_zero:
+                if g.kind != "modulo" or not g.on_boundary:
                     continue
                 if g.modulus_text and _ga._logging(g.modulus_text):
                     continue
                 start = loop.index_start_at(g)
                 if start != 0 or id(g.node) in seen:
                     continue
-                nv = ctx.resolver.int_value(g.modulus, loop.func)
+                nv = ctx.loops.int_value(g.modulus, loop.func)
                 if nv is not None and nv <= 1:
                     continue
                 seen.add(id(g.node))
-                n = str(nv) if nv is not None else g.modulus_text
+                n = str(nv) if nv is not None else "N"
+                when = (f"`{g.text}`" if g.eq_zero and not g.negated
+                        else f"the `else` of `{g.text}`" if g.negated else f"`{g.text}`")
+                seq = f"1, {nv + 1}, {2 * nv + 1}" if nv is not None else "1, N+1, 2N+1"
                 ctx.report(
                     g.node,
-                    f"`{g.text}` is true on the very first micro-batch (`{g.index_text}` starts at 0): the first "
-                    f"update is made from 1 micro-batch instead of {n}, and every later window is shifted by one "
-                    f"(steps after micro-batches 1, {n}+1, 2×{n}+1, …). Use `({g.index_text} + 1) % {g.modulus_text} == 0`"
-                    f" or `enumerate(..., 1)`.",
+                    f"The optimizer steps on {when}, which holds on the very first micro-batch (`{g.index_text}` "
+                    f"starts at 0): the first update is made from 1 micro-batch instead of {n} "
+                    f"(`{g.modulus_text}`), and every later window is shifted by one (updates after micro-batches "
+                    f"{seq}, …). Step when `({g.index_text} + 1) % {g.modulus_text} == 0`, or use `enumerate(..., 1)`.",
                 )

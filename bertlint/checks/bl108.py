@@ -52,8 +52,8 @@ def check(ctx) -> None:
             texts = {g.modulus_text for g in mods}
             if len(texts) >= 2:
                 a, b = mods[0], mods[1]
-                va = ctx.resolver.int_value(a.modulus, loop.func)
-                vb = ctx.resolver.int_value(b.modulus, loop.func)
+                va = ctx.loops.int_value(a.modulus, loop.func)
+                vb = ctx.loops.int_value(b.modulus, loop.func)
                 lcm = str(va * vb // math.gcd(va, vb)) if va and vb else f"lcm({a.modulus_text}, {b.modulus_text})"
                 ctx.report(
                     e.call,
@@ -67,9 +67,9 @@ def check(ctx) -> None:
             if not g.on_boundary:
                 continue
             divs = loop.loss_divisions()
-            mv = ctx.resolver.int_value(g.modulus, loop.func)
+            mv = ctx.loops.int_value(g.modulus, loop.func)
             for d in divs:
-                dv = ctx.resolver.int_value(d.divisor, loop.func)
+                dv = ctx.loops.int_value(d.divisor, loop.func)
                 log_gate = g.modulus_text and _ga._logging(g.modulus_text)
                 if (mv and dv and mv != dv and mv > 1 and dv > 1) or (log_gate and d.divisor_text != g.modulus_text):
                     ctx.report(
@@ -84,7 +84,7 @@ def check(ctx) -> None:
 
 
 def _n(ctx, loop, g) -> str:
-    v = ctx.resolver.int_value(g.modulus, loop.func)
+    v = ctx.loops.int_value(g.modulus, loop.func)
     return str(v) if v else "N"
 
 
