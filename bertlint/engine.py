@@ -184,7 +184,7 @@ def _codes_match(code: str, codes: str) -> bool:
 
 
 def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
-    from bertlint.sources import DecodeError, join_cells, read_notebook
+    from bertlint.sources import DecodeError, cell_to_python, join_cells, read_notebook
 
     settings = settings or Settings()
     try:
@@ -195,8 +195,10 @@ def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None)
         return []
     errors: list[Diagnostic] = []
     blank: set[int] = set()
+    raw: set[int] = set()
+    first_error: dict[int, tuple] = {}
     module = None
-    for _ in range(len(nb.cells) + 1):
+    for _ in range(2 * len(nb.cells) + 1):
         module = parse_python(nb.source)
         if not isinstance(module, tuple):
             break
@@ -205,9 +207,15 @@ def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None)
         if cell in blank or cell < 1:
             module = None
             break
-        blank.add(cell)
-        errors.append(replace(parse_error(filename, msg, crow, col), cell=cell))
-        nb = join_cells(nb.cells, nb.cell_index, nb.nb, frozenset(blank))
+        if cell not in raw and any(a != b for a, b in zip(nb.cells[cell - 1], cell_to_python(nb.cells[cell - 1]))):
+            # maybe a neutralised "magic" was Python after all (`% b` continuing an expression): retry as is
+            raw.add(cell)
+            first_error[cell] = (msg, crow, col)
+        else:
+            blank.add(cell)
+            msg, crow, col = first_error.get(cell, (msg, crow, col))
+            errors.append(replace(parse_error(filename, msg, crow, col), cell=cell))
+        nb = join_cells(nb.cells, nb.cell_index, nb.nb, frozenset(blank), frozenset(raw - blank))
     if not settings.is_enabled("BL001"):
         errors = []
     if module is None or isinstance(module, tuple):

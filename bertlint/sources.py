@@ -227,11 +227,15 @@ def read_notebook(text: str) -> NotebookSource:
     return join_cells(cells, index, nb)
 
 
-def join_cells(cells: list[list[str]], index: list[int], nb: dict, blank: frozenset = frozenset()) -> NotebookSource:
+def join_cells(
+    cells: list[list[str]], index: list[int], nb: dict, blank: frozenset = frozenset(), raw: frozenset = frozenset()
+) -> NotebookSource:
+    """Join code cells; cells in ``blank`` become empty lines (syntax errors), cells in ``raw`` are taken as
+    they are (a line such as ``% b`` continuing an expression is Python, not a magic)."""
     parts: list[str] = []
     rows: list[tuple[int, int]] = []
     for n, lines in enumerate(cells, start=1):
-        py = ["\n" for _ in lines] if n in blank else cell_to_python(lines)
+        py = ["\n" for _ in lines] if n in blank else list(lines) if n in raw else cell_to_python(lines)
         for r, line in enumerate(py, start=1):
             if not line.endswith("\n"):
                 line += "\n"

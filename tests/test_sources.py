@@ -209,3 +209,12 @@ def test_trainer_state_is_not_a_deepspeed_config(tmp_path):
     assert config_kind({"train_batch_size": 32, "fp16": {"enabled": True}}) == "deepspeed"
     assert config_kind({"train_batch_size": 32}) == "deepspeed"
     assert config_kind({"gradient_accumulation_steps": 4}) == "unknown"
+
+
+def test_notebook_line_that_only_looks_like_a_magic():
+    text = nb(("code", "import torch\ntotal = (a\n         % b)\n!ls\n"), ("code", "y = (\n"))
+    d = lint_text(text, "nb.ipynb", S)
+    # cell 1 parses neither way (magics neutralised or as written): reported where the first attempt failed
+    assert [(x.cell, x.start.row) for x in d] == [(1, 3), (2, 1)]
+    ok = nb(("code", "import torch\ntotal = (a\n         % b)\n"))
+    assert lint_text(ok, "nb.ipynb", S) == []
