@@ -174,3 +174,42 @@ def sched_length(f, recv: Optional[str]):
     elif name in ("LinearLR", "PolynomialLR", "ConstantLR"):
         expr = kwarg(call, "total_iters")
     return expr, call
+
+
+def optimizers(loop: TrainingLoop) -> set:
+    """The optimizers the loop steps (``optimizer.step()`` receivers, ``scaler.step(opt)`` arguments)."""
+    out = set()
+    for e in loop.steps:
+        if e.kind == "scaler_step":
+            out.add(code_of(e.arg).strip() if e.arg is not None else "?")
+        else:
+            out.add(e.receiver or "?")
+    return out
+
+
+def single_optimizer(loop: TrainingLoop) -> bool:
+    """Rules about *the* accumulation window need one optimizer (GAN-style loops step several on different
+    schedules: we do not guess which one accumulates)."""
+    return len(optimizers(loop)) <= 1
+
+
+def accum_gate(ctx, loop: TrainingLoop, g: Gate) -> bool:
+    """Is this modulo gate an accumulation gate (not a logging / n_critic / eval gate)? Its modulus is named like an
+    accumulation factor, or equals the factor the loss is divided by."""
+    from bertlint.analysis.loops import ACCUM_RE
+
+    if g.kind != "modulo" or g.modulus is None:
+        return g.kind in ("sync", "boundary", "counter")
+    text = g.modulus_text or ""
+    if ACCUM_RE.search(text):
+        return True
+    if _logging(text):
+        return False
+    mv = ctx.loops.int_value(g.modulus, loop.func)
+    for d in loop.divisions:
+        if d.divisor_text == text:
+            return True
+        dv = ctx.loops.int_value(d.divisor, loop.func)
+        if mv is not None and dv is not None and mv == dv and mv > 1:
+            return True
+    return False

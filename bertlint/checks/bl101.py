@@ -40,7 +40,7 @@ def evidence(ctx, loop):
 )
 def check(ctx) -> None:
     for loop in ctx.loops:
-        if loop.owner not in _ga.PLAIN_OWNERS:
+        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.single_optimizer(loop):
             continue
         if not loop.backwards or not all(b.per_micro_batch for b in loop.backwards):
             continue

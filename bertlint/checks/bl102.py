@@ -22,7 +22,9 @@ def check(ctx) -> None:
     for loop in f:
         owner = loop.owner
         if owner in _ga.PLAIN_OWNERS:
-            if not _ga.accum_gated(loop):
+            if not _ga.accum_gated(loop) or not _ga.single_optimizer(loop):
+                continue
+            if not any(_ga.accum_gate(ctx, loop, g) for e in loop.steps for g in e.frequency_gates):
                 continue
             n = _ga.times(loop)
             anchor = _ga.last_window_event(loop)

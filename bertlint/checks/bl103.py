@@ -20,7 +20,7 @@ def check(ctx) -> None:
     for loop in f:
         if loop.owner not in ("plain", "fabric"):
             continue
-        if not _ga.accum_gated(loop) or loop.divisions:
+        if not _ga.accum_gated(loop) or loop.divisions or not _ga.single_optimizer(loop):
             continue
         g = _ga.step_gate(loop)
         if g is None or g.kind not in ("modulo", "counter"):

@@ -17,13 +17,13 @@ from bertlint.types import Severity
 def check(ctx) -> None:
     seen = set()
     for loop in ctx.loops:
-        if loop.owner not in _ga.PLAIN_OWNERS:
+        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.single_optimizer(loop):
             continue
         for e in loop.steps:
             for g in e.frequency_gates:
                 if g.kind != "modulo" or not g.on_boundary:
                     continue
-                if g.modulus_text and _ga._logging(g.modulus_text):
+                if not _ga.accum_gate(ctx, loop, g):
                     continue
                 start = loop.index_start_at(g)
                 if start != 0 or id(g.node) in seen:

@@ -28,6 +28,8 @@ def check(ctx) -> None:
             continue
         if not loop.backwards or not all(b.per_micro_batch for b in loop.backwards):
             continue
+        if not _ga.single_optimizer(loop):
+            continue
         reported = set()
         for e in loop.steps:
             if e.kind == "opt_step" and any(s.kind == "scaler_step" for s in loop.steps):
@@ -37,7 +39,7 @@ def check(ctx) -> None:
                 continue
             if e.inverse and any(not g.on_boundary for g in mods):
                 g = next(g for g in mods if not g.on_boundary)
-                if g.modulus_text and _ga._logging(g.modulus_text):
+                if not _ga.accum_gate(ctx, loop, g):
                     continue
                 ctx.report(
                     e.call,

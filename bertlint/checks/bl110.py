@@ -23,7 +23,7 @@ _OPS = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual, 
 def check(ctx) -> None:
     f = ctx.loops
     for loop in f:
-        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.accum_gated(loop):
+        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.accum_gated(loop) or not _ga.single_optimizer(loop):
             continue
         acc = loop.accum()
         if acc is None or acc.value == 1:

@@ -15,7 +15,7 @@ def check(ctx) -> None:
     f = ctx.loops
     for loop in f:
         owner = loop.owner
-        if owner in _ga.PLAIN_OWNERS and _ga.accum_gated(loop):
+        if owner in _ga.PLAIN_OWNERS and _ga.accum_gated(loop) and _ga.single_optimizer(loop):
             anchor = next((e for e in loop.steps if e.per_window), None)
             for e in loop.of("clip"):
                 if not e.per_micro_batch:

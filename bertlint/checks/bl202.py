@@ -14,7 +14,7 @@ from bertlint.types import Applicability, Severity
       "scaler.unscale_() / scaler.update() on micro-batches that do not step", fix=Applicability.UNSAFE)
 def check(ctx) -> None:
     for loop in ctx.loops:
-        if loop.owner not in _ga.PLAIN_OWNERS:
+        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.single_optimizer(loop):
             continue
         ssteps = loop.of("scaler_step")
         if not ssteps or not all(s.per_window for s in ssteps):
