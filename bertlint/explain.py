@@ -614,7 +614,17 @@ def main(argv: Optional[list] = None) -> int:
             from bertlint.config import Settings
 
             settings = Settings()
-        reports.append(explain_source(text, path, settings, world_size=a.world_size, seq_len=a.seq_len))
+        findings = None
+        if path.endswith(".ipynb"):  # the cells joined into one Python source; findings keep their cell rows
+            try:
+                from bertlint.sources import read_notebook
+
+                findings = _lint(text, path, settings)
+                text = read_notebook(text).source
+            except Exception:
+                findings = findings or []
+        reports.append(explain_source(text, path, settings, world_size=a.world_size, seq_len=a.seq_len,
+                                      findings=findings))
     if a.output_format == "json":
         print(json.dumps(reports if len(reports) != 1 else reports[0], indent=2, default=str))
     else:

@@ -145,3 +145,16 @@ trainer = Trainer(model=model, args=args, optimizers=(opt, sched))
 '''
     (s,) = explain_source(src, "t.py", Settings())["setups"]
     assert "counts micro-batches" in s["scheduler"] and "1/4" in s["scheduler"]
+
+
+def test_notebook(tmp_path, capsys):
+    cells = [ARTICLE.read_text().split("args = TrainingArguments(")[0],
+             "args = TrainingArguments(" + ARTICLE.read_text().split("args = TrainingArguments(")[1]]
+    nb = {"cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": [], "execution_count": None}
+                    for c in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    p = tmp_path / "train.ipynb"
+    p.write_text(json.dumps(nb))
+    assert main([str(p), "--output-format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["setups"][0]["effective_batch"]["value"] == 16
+    assert any(f["code"] == "BL405" for f in rep["findings"])
