@@ -327,6 +327,8 @@ class TrainingLoop:
         if any(e.backward_style == "fabric" for e in bw):
             return "fabric"
         if any(e.backward_style == "accelerator" for e in bw):
+            if self.file is not None and self.file.accumulate_elsewhere(self):
+                return "unknown"  # an accumulate() context we could not place (entered through a variable, ...)
             return "accelerate-manual"
         return "plain"
 
@@ -682,6 +684,16 @@ class FileLoops:
             return "accelerator", False
         return None, False
 
+    def accumulate_elsewhere(self, loop: "TrainingLoop") -> bool:
+        """The file calls ``<accelerator>.accumulate(...)`` somewhere this loop's walk did not see."""
+        seen = {id(c) for c in loop.accumulate_calls}
+        for call, name, _ in self.c.calls:
+            if name.endswith(".accumulate") and id(call) not in seen:
+                recv = name.rsplit(".", 1)[0]
+                if self.kinds.get(recv) == "accelerator" or ACCEL_NAME_RE.match(recv.split(".")[-1]):
+                    return True
+        return False
+
     def is_trainer_class(self, cls: cst.ClassDef) -> bool:
         for b in cls.bases:
             q = self.t.qualname(b.value) or dotted(b.value) or ""
@@ -752,6 +764,9 @@ class FileLoops:
             return "optimizer-steps"
         if re.search(r"ceil\s*\(", joined) and any(ACCUM_RE.search(d) for d in re.findall(r"[\w.]+", joined)):
             return "optimizer-steps"
+        mults = re.findall(r"\*\s*\(?\s*([A-Za-z_][\w.]*)", joined) + re.findall(r"([A-Za-z_][\w.]*)\s*\)?\s*\*(?!\*)", joined)
+        if any(ACCUM_RE.search(m) or (accum_text and m == accum_text) for m in mults):
+            return "micro-batches"
         if "len(" in joined and not unresolved[0] and not re.search(r"\.\s*max_(train_)?steps", joined):
             return "micro-batches"
         return "unknown"

@@ -28,8 +28,11 @@ def check(ctx) -> None:
                 continue
             n = _ga.times(loop)
             anchor = _ga.last_window_event(loop)
+            opts = _ga.optimizers(loop)
             for e in loop.of("opt_zero", "model_zero"):
                 if not e.per_micro_batch:
+                    continue
+                if e.kind == "opt_zero" and e.receiver not in opts and "?" not in opts:
                     continue
                 fix = _ga.move_under(ctx, e, anchor, f"Move `{e.name}()` under the step gate, after the step") if anchor else None
                 ctx.report(

@@ -51,6 +51,8 @@ def check(ctx) -> None:
                 ga = f.accelerator_ga
                 ga_note = (f" With {ga.shown} accumulation steps the gradient is {ga.n}× too large, since "
                            f"`accelerator.backward` is what divides by N;") if ga is not None else ""
+                severe = (ga is not None and ga.is_more_than_one() is not False) or f.accelerator_deepspeed is not None \
+                    or _fp16(f)
                 ctx.report(
                     bw.call,
                     f"`{bw.name}()` bypasses the `Accelerator` that prepared this model ({_ga.fw(ctx, 'accelerate')}):"
@@ -58,6 +60,7 @@ def check(ctx) -> None:
                     f"`AssertionError: Attempted unscale_ but _scale is None`), and under DeepSpeed the engine is "
                     f"skipped. Call `{accel}.backward(loss)`.",
                     fix=fix,
+                    severity=Severity.ERROR if severe else Severity.WARNING,
                 )
         # 3. DeepSpeedPlugin + hand gate without accumulate()
         if f.accelerator_deepspeed is not None and loop.owner == "accelerate-manual":
@@ -74,3 +77,17 @@ def check(ctx) -> None:
                     f"body in `with accelerator.accumulate(model):` and drop the gate.",
                 )
                 break
+
+
+def _fp16(f) -> bool:
+    """The Accelerator asks for fp16 (or its precision comes from the command line)."""
+    from bertlint.analysis.symbols import kwarg, literal
+
+    for call in f.accelerator_calls:
+        mp = kwarg(call, "mixed_precision")
+        if mp is None:
+            continue
+        v = literal(mp)
+        if v == "fp16" or not isinstance(v, str):
+            return True
+    return False

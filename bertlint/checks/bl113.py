@@ -12,6 +12,16 @@ from bertlint.analysis.symbols import code_of, dotted
 from bertlint.registry import rule
 from bertlint.types import Severity
 
+_BATCHY = re.compile(r"batch|loader|micro|window|chunk|\bdl\b|data|accum", re.IGNORECASE)
+
+
+def _batch_loop(node) -> bool:
+    """An inner loop over micro-batches (not over heads, tasks or layers)."""
+    if isinstance(node, cst.For):
+        return bool(_BATCHY.search(code_of(node.target) + " " + code_of(node.iter)))
+    return False
+
+
 _DETACHED = re.compile(r"\.item\(\)|\.detach\(\)|float\(|\.cpu\(\)|\.tolist\(\)|\.numpy\(\)")
 
 
@@ -32,7 +42,8 @@ def check(ctx) -> None:
                     continue
                 if _DETACHED.search(vt):
                     continue
-                add_in_inner = any(g.kind == "loop" for g in gates)
+                inner = [g for g in gates if g.kind == "loop"]
+                add_in_inner = bool(inner) and all(_batch_loop(g.node) for g in inner)
                 bw_in_inner = any(g.kind == "loop" for g in bw.gates)
                 add_per_mb = all(g.kind == "invariant" for g in gates)
                 if (add_per_mb and not bw.per_micro_batch and bw.frequency_gates) or (add_in_inner and not bw_in_inner):
