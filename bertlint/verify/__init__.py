@@ -197,7 +197,7 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
     else:
         cmd = [sys.executable, *runner]
     log_path = os.path.join(record_dir, f"child{rank}.log")
-    rc, killed = _run_child(cmd, log_path, timeout + 60, _child_env())
+    rc, killed = _run_child(cmd, log_path, timeout + min(60.0, 10.0 + 0.1 * timeout), _child_env())
     if torchrun_env and rank != "0":
         for d in mine:
             d.verification = Verification("not-run", f"rank {rank}: rank 0 reports the verification")

@@ -704,8 +704,6 @@ class Recorder:
         self.ev("optimizer_step", opt=type(opt).__name__, line=w.get("line") if w else None)
         self.mem.update_opt_states()
         self.mem.phase_end("optimizer", self.mb, self.opt_steps)
-        if self.opt_steps == 1:
-            self.mem.sample_other_cpu("after optimizer step 1")
 
     # ---- schedulers ----------------------------------------------------------------------------------------
     def _patch_scheduler(self) -> None:
