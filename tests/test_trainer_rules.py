@@ -344,3 +344,11 @@ def test_bl405_compute_loss_func_that_ignores_num_items():
                        "return torch.nn.functional.cross_entropy(outputs.logits, labels, reduction='sum') / num_items_in_batch")
     assert codes(good, code="BL405") == []
     assert codes(_src(extra=", compute_loss_func=make_loss()"), code="BL405") == []
+
+
+def test_bl404_own_training_step_decides_the_call():
+    src = (FIXTURES / "compute_loss_old_bad.py").read_text().replace(
+        "class WeightedTrainer(Trainer):\n",
+        "class WeightedTrainer(Trainer):\n    def training_step(self, model, inputs, num_items_in_batch=None):\n"
+        "        return self.compute_loss(model, inputs)\n\n")
+    assert codes(src, code="BL404") == []
