@@ -127,12 +127,19 @@ def _client() -> LanguageClient:
 
 
 @contextlib.asynccontextmanager
-async def session(root: Path, *, server: list[str] | None = None, notebooks: bool = False, debounce_ms: int = 10):
+async def session(
+    root: Path,
+    *,
+    server: list[str] | None = None,
+    notebooks: bool = False,
+    debounce_ms: int = 10,
+    capabilities: types.ClientCapabilities | None = None,
+):
     client = _client()
     cmd = server or [sys.executable, "-m", "bertlint", "lsp"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     await client.start_io(*cmd, "--debounce-ms", str(debounce_ms), env=env, cwd=str(root))
-    caps = types.ClientCapabilities(
+    caps = capabilities or types.ClientCapabilities(
         text_document=types.TextDocumentClientCapabilities(
             hover=types.HoverClientCapabilities(content_format=[types.MarkupKind.Markdown]),
             code_action=types.CodeActionClientCapabilities(
@@ -548,9 +555,31 @@ async def test_ipynb_without_notebook_sync_is_linted_as_a_file(tmp_path):
         gated = text.replace('"    optimizer.step()\\n"', '"    if (i + 1) % accum_steps == 0: optimizer.step()\\n"')
         assert gated != text
         change_doc(client, uri, gated, 2)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)
         assert len(client.published) == published
         path.write_text(gated)
         client.text_document_did_save(types.DidSaveTextDocumentParams(types.TextDocumentIdentifier(uri=uri)))
         await wait_for(client, uri, lambda ds: "BL101" not in codes(ds))
         assert client.published[-1].version == 2
+
+
+@pytest.mark.parametrize("editor", ["visual-studio-code", "neovim@v0.11.0", "neovim@v0.6.1", "emacs"])
+async def test_real_editor_capabilities(tmp_path, editor):
+    """The capabilities real editors send (recorded by pytest-lsp): diagnostics, the noqa action, a hover
+    in a format the editor renders."""
+    from pytest_lsp import client_capabilities
+
+    caps = client_capabilities(editor)
+    path = tmp_path / "train.py"
+    async with session(tmp_path, capabilities=caps) as client:
+        uri = open_doc(client, path, BUGGY)
+        diags = await wait_for(client, uri, lambda ds: "BL101" in codes(ds))
+        bl101 = next(d for d in diags if d.code == "BL101")
+        actions = await code_actions(client, uri, bl101.range)
+        assert any(a.title == "Suppress with `# noqa: BL101`" for a in actions)
+        hover = await client.text_document_hover_async(
+            types.HoverParams(text_document=types.TextDocumentIdentifier(uri=uri), position=bl101.range.start)
+        )
+        formats = caps.text_document.hover.content_format if caps.text_document and caps.text_document.hover else None
+        want = types.MarkupKind.Markdown if not formats or types.MarkupKind.Markdown in formats else types.MarkupKind.PlainText
+        assert hover.contents.kind == want and "BL101" in hover.contents.value
