@@ -113,3 +113,16 @@ def test_unreadable_specs_do_not_raise(tmp_path):
     (root / "requirements.txt").write_text("transformers @ git+https://github.com/x/y\n-e .\ntransformers[\n\x00\n")
     vs = _resolve(root / "t.py", use_installed=False)
     assert vs.transformers.source == "assumed current release"
+
+
+def test_an_edited_requirements_file_is_read_again(tmp_path):
+    import os
+
+    root = _repo(tmp_path)
+    req = root / "requirements.txt"
+    req.write_text("transformers==4.46.3\n")
+    assert V.resolve(str(root / "t.py"), use_installed=False).transformers.text == "4.46.3"
+    req.write_text("transformers==4.57.1\n")
+    st = req.stat()
+    os.utime(req, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert V.resolve(str(root / "t.py"), use_installed=False).transformers.text == "4.57.1"

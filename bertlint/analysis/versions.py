@@ -368,21 +368,59 @@ def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
     return out
 
 
-@lru_cache(maxsize=256)
-def pins_near(directory: str) -> tuple[tuple[str, TargetVersion], ...]:
-    """Pins from ``directory`` upward to the repository root (nearest wins). Cached per directory."""
-    found: dict[str, TargetVersion] = {}
+def _is_pin_file(name: str) -> bool:
+    return (name.startswith("requirements") and name.endswith((".txt", ".in"))) or name in (
+        "pyproject.toml", "setup.cfg", "environment.yml", "environment.yaml")
+
+
+def _chain(directory: str) -> list[str]:
+    """``directory`` and its parents up to the repository root."""
+    out = []
     d = os.path.abspath(directory or ".")
     for _ in range(40):
-        for k, v in _pins_in_dir(d).items():
-            found.setdefault(k, v)
+        out.append(d)
         if any(os.path.exists(os.path.join(d, m)) for m in _ROOT_MARKERS):
             break
         parent = os.path.dirname(d)
         if parent == d:
             break
         d = parent
+    return out
+
+
+def _signature(directory: str) -> tuple:
+    """The pin files above ``directory`` with their modification times: the cache key (an edited requirements file
+    is read again, e.g. by the language server)."""
+    sig = []
+    for d in _chain(directory):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in sorted(names):
+            if _is_pin_file(n):
+                try:
+                    sig.append((d, n, os.stat(os.path.join(d, n)).st_mtime_ns))
+                except OSError:
+                    pass
+    return tuple(sig)
+
+
+@lru_cache(maxsize=256)
+def _pins_for(directory: str, signature: tuple) -> tuple[tuple[str, TargetVersion], ...]:
+    found: dict[str, TargetVersion] = {}
+    for d in _chain(directory):
+        for k, v in _pins_in_dir(d).items():
+            found.setdefault(k, v)
     return tuple(found.items())
+
+
+def pins_near(directory: str) -> tuple[tuple[str, TargetVersion], ...]:
+    """Pins from ``directory`` upward to the repository root (nearest wins), re-read when a pin file changes."""
+    return _pins_for(os.path.abspath(directory or "."), _signature(directory))
+
+
+pins_near.cache_clear = _pins_for.cache_clear  # type: ignore[attr-defined]
 
 
 @lru_cache(maxsize=None)
