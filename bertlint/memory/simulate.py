@@ -239,6 +239,46 @@ def _largest_block_bytes(torch, model) -> int:
     return best
 
 
+# ---------------------------------------------------------------- CUDA kernels on the simulated step
+
+@contextlib.contextmanager
+def _cuda_kernels(torch):
+    """Make the fake CPU step use the kernels PyTorch picks on a CUDA GPU, whose saved tensors differ from the
+    CPU ones: dropout -> ``native_dropout`` (a bool mask, not a mask of the input dtype); scaled-dot-product
+    attention -> FlashAttention (fp16/bf16 inputs, no mask, head size <= 256) or the memory-efficient kernel
+    (otherwise), which keep the output and a log-sum-exp instead of the B x heads x L x L probabilities (and
+    their dropout mask). ``torch.nn.functional`` is patched for the duration of the step (checkpointing
+    recomputes through the same functions)."""
+    import torch.nn.functional as F
+
+    orig_dropout, orig_sdpa = F.dropout, F.scaled_dot_product_attention
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if training and p > 0 and not inplace and isinstance(input, torch.Tensor) and input.is_floating_point():
+            return torch.ops.aten.native_dropout(input, float(p), True)[0]
+        return orig_dropout(input, p, training, inplace)
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        q, k, v = query, key, value
+        if q.dim() != 4 or enable_gqa or k.shape[1] != q.shape[1]:
+            return orig_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                             enable_gqa=enable_gqa)
+        if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and q.shape[-1] <= 256:
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, float(dropout_p), bool(is_causal), False, scale=scale)[0]
+        mask = attn_mask
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, mask, True, float(dropout_p), bool(is_causal), scale=scale)[0]
+
+    F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+    try:
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = orig_dropout, orig_sdpa
+
+
 # ---------------------------------------------------------------- the step
 
 def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool) -> MemoryResult:
@@ -298,8 +338,9 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool) -> MemoryResult:
             amp = torch.autocast("cpu", dtype=torch.bfloat16 if spec.precision == "bf16" else torch.float16)
         else:
             amp = contextlib.nullcontext()
+        kernels = _cuda_kernels(torch) if cuda else contextlib.nullcontext()
         try:
-            with tracker:
+            with tracker, kernels:
                 tracker.set_phase("inputs")
                 batch = _inputs(torch, spec, config, vocab)
                 for v in batch.values():
@@ -410,9 +451,9 @@ def standard_assumptions(spec: MemorySpec, cuda: bool) -> list[str]:
             "torch.cuda.max_memory_allocated counts); allocator fragmentation (reserved - allocated) not included")
         out.append("the optimizer uses the multi-tensor (foreach) implementation, PyTorch's default on CUDA")
         out.append(
-            "op-level behaviour simulated with the CPU kernels' memory rules: dropout keeps a mask of the input "
-            "dtype and attention in training materialises the B x heads x L x L probabilities (CUDA's fused "
-            "attention kernels keep less, so attention memory is an upper bound)")
+            "CUDA kernels: dropout keeps a bool mask (native_dropout); attention uses FlashAttention for fp16/bf16 "
+            "without a mask and the memory-efficient kernel otherwise (PyTorch's choice on sm80+ GPUs): output and "
+            "log-sum-exp are kept, not the B x heads x L x L probabilities")
     else:
         out.append("CPU storage rules: exact storage sizes; the per-parameter (for-loop) optimizer, PyTorch's default on CPU")
     if spec.precision == "fp16":
