@@ -386,6 +386,53 @@ async def test_quick_fixes_fix_all_and_a_rule_that_raises(tmp_path):
         assert edit.range.end.character == col + 1 + len("torch.cuda.amp.GradScaler()")
 
 
+AMP = textwrap.dedent(
+    """\
+    import torch
+
+    scaler = torch.cuda.amp.GradScaler()
+
+
+    def train(model, dl, optimizer, accum_steps=8):
+        for i, batch in enumerate(dl):
+            with torch.cuda.amp.autocast():
+                loss = model(**batch).loss / accum_steps
+            scaler.scale(loss).backward()
+            if (i + 1) % accum_steps == 0:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+    """
+)
+
+
+async def test_real_rule_fixes_bl206(tmp_path):
+    """BL206 (deprecated torch.cuda.amp) carries a safe fix: its quick fix and the fix-all action, applied the
+    way an editor applies them, give the library's fixed text, and the diagnostics follow."""
+    from bertlint.registry import get
+
+    if get("BL206") is None or get("BL206").meta.fix is None:
+        pytest.skip("BL206 has no fix in this tree")
+    path = tmp_path / "train.py"
+    expected = api.apply_fixes(AMP, api.lint_text(AMP, str(path))).text
+    async with session(tmp_path) as client:
+        uri = open_doc(client, path, AMP)
+        diags = await wait_for(client, uri, lambda ds: codes(ds).count("BL206") == 2)
+        first = min((d for d in diags if d.code == "BL206"), key=lambda d: d.range.start.line)
+        actions = await code_actions(client, uri, first.range, only=[types.CodeActionKind.QuickFix])
+        fix = next(a for a in actions if a.title.startswith("Fix BL206"))
+        assert fix.is_preferred
+        one = apply_edits(AMP, fix.edit.changes[uri])
+        assert 'scaler = torch.amp.GradScaler("cuda")' in one and "torch.cuda.amp.autocast()" in one
+
+        actions = await code_actions(client, uri, first.range, only=["source.fixAll.bertlint"])
+        (fix_all,) = actions
+        assert apply_edits(AMP, fix_all.edit.changes[uri]) == expected != AMP
+
+        change_doc(client, uri, expected, 2)
+        await wait_for(client, uri, lambda ds: "BL206" not in codes(ds) and client.published[-1].version == 2)
+
+
 async def test_broken_file_is_reported_and_the_server_recovers(tmp_path):
     path = tmp_path / "train.py"
     broken = BUGGY.replace("for i, batch in enumerate(dl):", "for i, batch in enumerate(dl)")
