@@ -541,6 +541,8 @@ class FileLoops:
                 v = a.value
                 if isinstance(v, cst.Call):
                     k = self.constructor_kind(v)
+                    if k is None and (call_name(v) or "").endswith((".prepare", ".setup")):
+                        continue
                     kinds.add(k)
                     if k == "scheduler":
                         self.scheduler_defs.setdefault(name, []).append(v)
@@ -548,11 +550,8 @@ class FileLoops:
                         self.scaler_defs.setdefault(name, []).append(v)
                     if k == "ddp":
                         self.ddp_wrapped.add(name)
-                else:
-                    kinds.add(None)
-            known = {k for k in kinds if k}
-            if len(known) == 1:
-                self.kinds[name] = known.pop()
+            if len(kinds) == 1 and None not in kinds:
+                self.kinds[name] = kinds.pop()
         # accelerate / deepspeed / fabric unpacking
         for names, call, func in self.c.unpacks:
             cname = call_name(call) or ""
@@ -673,6 +672,8 @@ class FileLoops:
         k = self.kinds.get(recv)
         if k:
             return k, True
+        if self._made_by_unknown_call(recv):
+            return None, False  # a wrapper or factory we cannot see into: no name-based guess
         last = recv.split(".")[-1]
         if OPT_NAME_RE.match(last):
             return "optimizer", False
@@ -693,6 +694,31 @@ class FileLoops:
                 if self.kinds.get(recv) == "accelerator" or ACCEL_NAME_RE.match(recv.split(".")[-1]):
                     return True
         return False
+
+    def _made_by_unknown_call(self, name: str) -> bool:
+        """The name is bound in this file from a call we do not recognise (``GradAccumOptimizer(...)``,
+        ``build_optimizer(...)``): it may be a wrapper with its own semantics."""
+        memo = self.__dict__.setdefault("_unknown_memo", {})
+        if name in memo:
+            return memo[name]
+        res = False
+        for a in self.t.assignments.get(name, []):
+            v = a.value
+            if isinstance(v, cst.Call):
+                cname = call_name(v) or ""
+                if cname.endswith(".prepare") or cname.endswith(".setup"):
+                    continue
+                if self.constructor_kind(v) is None:
+                    res = True
+        if not res:
+            for names, call, _ in self.c.unpacks:
+                if name in names:
+                    cname = call_name(call) or ""
+                    q = self.t.qualname(call.func) or ""
+                    if not (cname.endswith((".prepare", ".setup")) or q == "deepspeed.initialize"):
+                        res = True
+        memo[name] = res
+        return res
 
     def is_trainer_class(self, cls: cst.ClassDef) -> bool:
         for b in cls.bases:
