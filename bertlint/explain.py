@@ -351,7 +351,7 @@ def explain_source(source: str, filename: str, settings=None, *, world_size: Opt
         return out
     ctx = FileContext(filename, source, module, settings)
     versions = ctx.versions
-    out["versions"] = {k: {"version": v.text, "source": v.source} for k, v in versions.by_package.items()}
+    out["versions"] = {k: {"version": v.text, "source": v.source} for k, v in versions.all().items()}
     if findings is None:
         findings = _lint(source, filename, settings)
     out["findings"] = [

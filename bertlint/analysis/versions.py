@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 CURRENT = {
     "transformers": "5.24.0",
@@ -118,6 +118,8 @@ class Versions:
     """Target version per package; ``versions["transformers"]`` or ``versions.transformers``."""
 
     by_package: dict[str, TargetVersion] = field(default_factory=dict)
+    resolver: Optional[Callable[[str], TargetVersion]] = field(default=None, repr=False, compare=False)
+    packages: tuple = PACKAGES
 
     def __getitem__(self, package: str) -> TargetVersion:
         return self.get(package)
@@ -126,9 +128,18 @@ class Versions:
         package = _ALIASES.get(package, package)
         tv = self.by_package.get(package)
         if tv is None:
-            tv = TargetVersion(package, parse_version(CURRENT.get(package, "0")) or (0,), "assumed current release")
+            if self.resolver is not None:
+                tv = self.resolver(package)
+            else:
+                tv = TargetVersion(package, parse_version(CURRENT.get(package, "0")) or (0,), "assumed current release")
             self.by_package[package] = tv
         return tv
+
+    def all(self) -> dict[str, TargetVersion]:
+        """Every package, resolved."""
+        for p in self.packages:
+            self.get(p)
+        return dict(self.by_package)
 
     @property
     def transformers(self) -> TargetVersion:
@@ -442,12 +453,14 @@ def installed(package: str) -> Optional[TargetVersion]:
 
 def resolve(filename: Optional[str], settings=None, packages: Iterable[str] = PACKAGES,
             use_installed: bool = True) -> Versions:
-    """The target versions for the script ``filename``."""
-    out = Versions()
+    """The target versions for the script ``filename``. Each package is resolved when first asked for (reading
+    the installed distributions costs tens of milliseconds); ``by_package`` holds those resolved so far, and
+    :meth:`Versions.all` resolves every package."""
     configured = dict(getattr(settings, "target_versions", None) or {})
     directory = os.path.dirname(os.path.abspath(filename)) if filename and filename not in ("-", "<stdin>") else None
-    pins = dict(pins_near(directory)) if directory and os.path.isdir(directory) else {}
-    for pkg in packages:
+    pins_cache: list = []
+
+    def one(pkg: str) -> TargetVersion:
         tv = None
         raw = configured.get(pkg)
         if raw is None and pkg == "lightning":
@@ -457,10 +470,13 @@ def resolve(filename: Optional[str], settings=None, packages: Iterable[str] = PA
             if tv is not None and tv.exact:
                 tv = TargetVersion(pkg, tv.version, "[tool.bertlint] target-versions")
         if tv is None:
-            tv = pins.get(pkg)
+            if not pins_cache:
+                pins_cache.append(dict(pins_near(directory)) if directory and os.path.isdir(directory) else {})
+            tv = pins_cache[0].get(pkg)
         if tv is None and use_installed:
             tv = installed(pkg)
         if tv is None:
-            tv = TargetVersion(pkg, parse_version(CURRENT[pkg]) or (0,), "assumed current release")
-        out.by_package[pkg] = tv
-    return out
+            tv = TargetVersion(pkg, parse_version(CURRENT.get(pkg, "0")) or (0,), "assumed current release")
+        return tv
+
+    return Versions(resolver=one, packages=tuple(packages))
