@@ -238,3 +238,27 @@ def test_default_keyword_values_count_as_absent():
     fs = setup_of(HEAD + "t = Trainer(model=m, compute_loss_func=None, optimizers=(None, None), compute_metrics=None)\n")
     (t,) = fs.trainers
     assert t.compute_loss_func is None and t.optimizers is None and t.compute_metrics is None
+
+
+def test_self_attribute_model():
+    fs = setup_of(HEAD + """
+class Pipeline:
+    def __init__(self, name):
+        self.model = AutoModelForSequenceClassification.from_pretrained("roberta-base")
+    def train(self):
+        args = TrainingArguments("o", gradient_accumulation_steps=2)
+        self.trainer = Trainer(model=self.model, args=args)
+""")
+    (t,) = fs.trainers
+    assert t.model.class_name == "RobertaForSequenceClassification"
+    assert t.args.get("gradient_accumulation_steps") == 2
+    fs2 = setup_of(HEAD + """
+class Pipeline:
+    def __init__(self):
+        self.model = AutoModelForSequenceClassification.from_pretrained("roberta-base")
+    def wrap(self):
+        self.model = Wrapper(self.model)
+    def train(self):
+        Trainer(model=self.model, args=TrainingArguments("o", gradient_accumulation_steps=2))
+""")
+    assert fs2.trainers[0].model is None

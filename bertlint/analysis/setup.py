@@ -799,6 +799,30 @@ class _Builder:
             info = ModelInfo(None)
             if self._model_from_call(expr, func, depth + 1, info):
                 return info
+        if isinstance(expr, cst.Attribute) and dotted(expr) and dotted(expr).startswith("self."):
+            # `self.model`: every binding of the attribute in the file must be a model bertlint understands
+            target = dotted(expr)
+            assigns = self.t.assignments.get(target, [])
+            if not assigns or target in self._resolving:
+                return None
+            info = ModelInfo(None, var=target)
+            classes = set()
+            self._resolving.add(target)
+            try:
+                for a in assigns:
+                    if not isinstance(a.value, cst.Call):
+                        return None
+                    sub = ModelInfo(None, var=target)
+                    if not self._model_from_call(a.value, a.func, depth + 1, sub):
+                        return None
+                    if sub.class_name or sub.declared_class:
+                        classes.add((sub.class_name, sub.declared_class, sub.checkpoint))
+                    self._merge(info, sub)
+            finally:
+                self._resolving.discard(target)
+            if len(classes) > 1:
+                info.class_name = info.family = info.head = info.architecture = None
+            return info
         return None
 
     def _model_from_call(self, call: cst.Call, func: Any, depth: int, info: ModelInfo) -> bool:
