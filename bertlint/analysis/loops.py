@@ -596,6 +596,12 @@ class FileLoops:
                 self.no_sync_used = True
         for call in self.accelerator_calls:
             self._read_accelerator(call)
+        for name, k in list(self.kinds.items()):
+            if k == "accelerator":
+                for a in self.t.assignments.get(f"{name}.gradient_accumulation_steps", []):
+                    self.accelerator_ga = self.factor(a.value, "accelerator", a.func)
+                if self.t.assignments.get(f"{name}.gradient_state") or self.t.assignments.get(f"{name}.gradient_accumulation_plugin"):
+                    self.accelerator_ga_unknown = True
 
     def _expr_kind(self, expr: cst.BaseExpression) -> Optional[str]:
         if isinstance(expr, cst.Call):

@@ -20,7 +20,7 @@ def evidence(ctx, loop):
     divs = [d for d in loop.loss_divisions() if d.seq <= max((b.seq for b in loop.backwards), default=0) or d.in_backward_arg]
     if divs:
         return f"the loss is divided by `{divs[0].divisor_text}`", divs[0].divisor
-    for e in loop.of("opt_zero", "model_zero", "sched_step", "scaler_update"):
+    for e in loop.of("opt_zero", "model_zero", "scaler_update"):
         for g in e.frequency_gates:
             if g.on_boundary and g.kind in ("modulo", "counter") and not _ga._logging(g.modulus_text or ""):
                 return f"`{e.name}()` runs only when `{g.text}`", g.modulus

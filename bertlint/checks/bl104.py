@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from bertlint.analysis.loops import walk
 from bertlint.analysis.symbols import code_of, dotted, kwarg
 from bertlint.checks import _ga
 from bertlint.registry import rule
@@ -146,12 +147,32 @@ def _fix_drop_node(ctx, node):
 
 
 def _divs(meth):
+    """Divisions of the loss that ``training_step`` returns: ``return loss / k``, ``loss = loss / k; return loss``,
+    ``return {"loss": loss / k}`` (not divisions made for logging)."""
+    returns = [n for n in walk(meth) if isinstance(n, cst.Return) and n.value is not None]
+    assigns = [n for n in walk(meth) if isinstance(n, (cst.Assign, cst.AugAssign))]
     out = []
 
-    class V(cst.CSTVisitor):
-        def visit_BinaryOperation(self, n: cst.BinaryOperation) -> None:
-            if isinstance(n.operator, cst.Divide) and "loss" in code_of(n.left).lower():
-                out.append(n)
+    def from_expr(e, depth=0):
+        if depth > 3 or e is None:
+            return
+        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Divide):
+            if "loss" in code_of(e.left).lower():
+                out.append(e)
+            return
+        if isinstance(e, cst.Dict):
+            for el in e.elements:
+                if isinstance(el, cst.DictElement) and "loss" in code_of(el.key):
+                    from_expr(el.value, depth + 1)
+            return
+        name = dotted(e)
+        if name:
+            for a in assigns:
+                if isinstance(a, cst.Assign) and any(dotted(t.target) == name for t in a.targets):
+                    from_expr(a.value, depth + 1)
+                elif isinstance(a, cst.AugAssign) and dotted(a.target) == name and isinstance(a.operator, cst.DivideAssign):
+                    pass
 
-    meth.visit(V())
+    for r in returns:
+        from_expr(r.value)
     return out

@@ -21,7 +21,7 @@ def check(ctx) -> None:
             continue
         for e in loop.steps:
             for g in e.frequency_gates:
-                if g.kind != "modulo" or not g.on_boundary:
+                if g.kind != "modulo" or not g.on_boundary or g.extra:
                     continue
                 if not _ga.accum_gate(ctx, loop, g):
                     continue

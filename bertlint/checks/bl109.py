@@ -29,7 +29,7 @@ def check(ctx) -> None:
     for loop in f:
         # 1. accumulate() with nothing configured
         if loop.accumulate_used and f.accelerator_ga is None and not f.accelerator_ga_unknown \
-                and f.accelerator_deepspeed is None:
+                and f.accelerator_deepspeed is None and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source:
             for call in loop.accumulate_calls[:1]:
                 ctx.report(
                     call,
