@@ -119,3 +119,23 @@ def test_hover_text_has_the_summary():
     assert plain.startswith(f"BL101 {meta.name}: {meta.summary}")
     if convert.page_path("BL101") is not None:
         assert "## What it finds" in md and "## Why it matters" not in md
+
+
+def test_positions_count_lines_as_lsp_and_libcst_do():
+    """A form feed (old GNU-style section breaks) or U+2028 inside a line is not a line end: the
+    diagnostic's LSP range must still point at the flagged call."""
+    pytest.importorskip("pygls")
+    from pygls.workspace.position_codec import PositionCodec
+
+    from bertlint.lsp.server import _lsp_range
+
+    src = (
+        BUGGY.format(comment="")
+        .replace("import torch\n", 'import torch\n\x0c\nNOTE = "a\u2028b"\n')
+        .replace("accum_steps\n        loss.backward()", "accum_steps\n\n        loss.backward()")
+    )  # two rows above the call: a blank line (str.splitlines would read it for the call's row)
+    (d,) = [d for d in api.lint_text(src, "train.py") if d.code == "BL101"]
+    lines = convert.split_lines(src)
+    rng = _lsp_range(lines, PositionCodec(), d.start, d.end)
+    line = src.split("\n")[rng.start.line]
+    assert line[rng.start.character : rng.end.character] == "optimizer.step()"

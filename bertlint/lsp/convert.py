@@ -158,6 +158,18 @@ def hover_plain(code: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Lines as LSP and libcst count them.
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+
+def split_lines(text: str) -> list[str]:
+    """``text`` split after each ``\n``, ``\r\n`` or ``\r`` (the line ends LSP and libcst count), ends kept.
+    Unlike ``str.splitlines``, a form feed or U+2028 inside a line does not start a new one."""
+    return _LINE.findall(text)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Whole-document edits: the smallest block of whole lines that changed.
 
 
@@ -166,8 +178,8 @@ def changed_block(old: str, new: str) -> Optional[tuple[int, int, str]]:
     ``old`` with ``replacement`` to get ``new``; None when nothing changed."""
     if old == new:
         return None
-    a = old.splitlines(keepends=True)
-    b = new.splitlines(keepends=True)
+    a = split_lines(old)
+    b = split_lines(new)
     i = 0
     while i < len(a) and i < len(b) and a[i] == b[i]:
         i += 1
@@ -191,7 +203,7 @@ def notebook_json(cells: list[str]) -> str:
                 "execution_count": None,
                 "metadata": {},
                 "outputs": [],
-                "source": src.splitlines(keepends=True),
+                "source": split_lines(src),
             }
             for src in cells
         ],
@@ -222,7 +234,7 @@ def ipynb_source_rows(text: str) -> dict[tuple[int, int], tuple[int, int]]:
             continue
         src = cell.get("source", "")
         if isinstance(src, str):
-            src_lines = src.splitlines(keepends=True)
+            src_lines = split_lines(src)
         elif isinstance(src, list):
             src_lines = [s for s in src if isinstance(s, str)]
         else:
@@ -235,7 +247,7 @@ def ipynb_source_rows(text: str) -> dict[tuple[int, int], tuple[int, int]]:
                     pos = k + 1
             continue
         code_no += 1
-        joined = "".join(src_lines).splitlines()
+        joined = [ln.rstrip("\r\n") for ln in split_lines("".join(src_lines))]
         for r, ln in enumerate(joined, start=1):
             needle = json.dumps(ln, ensure_ascii=False)[:-1]  # the opening quote and the escaped text
             k = text.find(needle, pos)

@@ -148,7 +148,7 @@ class Linted:
 
     @functools.cached_property
     def lines(self) -> list[str]:
-        return self.text.splitlines(keepends=True)
+        return convert.split_lines(self.text)
 
 
 def _lsp_position(lines: list[str], codec, pos: Position) -> types.Position:
@@ -350,11 +350,11 @@ class BertlintServer(LanguageServer):
             return None  # closed or changed meanwhile: the newer change is linted on its own
         if filename.endswith(".ipynb"):
             rows = convert.ipynb_source_rows(text)
-            lines = text.splitlines(keepends=True)
+            lines = convert.split_lines(text)
             items = [(d, self.to_lsp(d, lines, rows=rows if d.cell is not None else None)) for d in outcome.diagnostics]
             res = Linted(uri, version, text, items, fixable=False)
         else:
-            lines = text.splitlines(keepends=True)
+            lines = convert.split_lines(text)
             res = Linted(uri, version, text, [(d, self.to_lsp(d, lines)) for d in outcome.diagnostics])
         self.results[uri] = res
         self.text_document_publish_diagnostics(
@@ -402,7 +402,7 @@ class BertlintServer(LanguageServer):
                 per_cell[idx].append(d)
         published = []
         for idx, (cell_uri, text, _cver) in enumerate(cells):
-            lines = text.splitlines(keepends=True)
+            lines = convert.split_lines(text)
             items = [(d, self.to_lsp(d, lines)) for d in per_cell[idx]]
             self.results[cell_uri] = Linted(cell_uri, version, text, items, notebook_uri=nb_uri)
             published.append(cell_uri)
