@@ -294,3 +294,48 @@ def test_units_of_schedule_lengths():
     assert f.units_of(cst.parse_expression("b"), None, "ga") == "optimizer-steps"
     assert f.units_of(cst.parse_expression("c"), None) == "unknown"
     assert mod is not None
+
+
+@pytest.mark.parametrize(
+    "setup, expr, value",
+    [
+        ('import argparse\np = argparse.ArgumentParser()\np.add_argument("--grad_accum", type=int, default=8)\n'
+         "args = p.parse_args()\n", "args.grad_accum", 8),
+        ("from dataclasses import dataclass, field\n@dataclass\nclass Cfg:\n    gradient_accumulation_steps: int = 4\n"
+         "cfg = Cfg()\n", "cfg.gradient_accumulation_steps", 4),
+        ('cfg = {"train": {"accum": 16}}\n', 'cfg["train"]["accum"]', 16),
+        ("from transformers import TrainingArguments\nta = TrainingArguments('o', gradient_accumulation_steps=2)\n",
+         "ta.gradient_accumulation_steps", 2),
+        ("N = 3\nM = N * 2\n", "M", 6),
+        # a command-line default of 1 is what the user passes at launch: unknown, keep the symbol
+        ('import argparse\np = argparse.ArgumentParser()\np.add_argument("--gradient_accumulation_steps", '
+         "type=int, default=1)\nargs = p.parse_args()\n", "args.gradient_accumulation_steps", None),
+    ],
+)
+def test_accumulation_factor_sources(setup, expr, value):
+    f = model(setup)
+    acc = f.factor(cst.parse_expression(expr), "test", None)
+    assert acc.value == value
+    assert acc.text == expr
+
+
+def test_accelerator_factor_from_plugins():
+    f = model(
+        """
+        from accelerate import Accelerator
+        from accelerate.utils import GradientAccumulationPlugin
+        plugin = GradientAccumulationPlugin(num_steps=6, sync_with_dataloader=False)
+        accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+        """
+    )
+    assert f.accelerator_ga.value == 6 and f.accelerator_ga.source == "plugin"
+    g = model(
+        """
+        from accelerate import Accelerator
+        from accelerate.utils import DeepSpeedPlugin
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=4))
+        """
+    )
+    assert g.accelerator_ga.value == 4 and g.accelerator_deepspeed is not None
+    h = model("from accelerate import Accelerator\naccelerator = Accelerator(**kwargs)\n")
+    assert h.accelerator_ga is None and h.accelerator_ga_unknown

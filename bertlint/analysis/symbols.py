@@ -318,6 +318,14 @@ class Resolver:
             if name in self.t.assignments:
                 return self._name(name, func, d)
             attr = expr.attr.value
+            # obj.x where obj = Ctor(..., x=value) (TrainingArguments(...), a config dataclass instance, ...)
+            if isinstance(expr.value, (cst.Name, cst.Attribute)):
+                owner = dotted(expr.value)
+                made = self.t.assignments_of(owner, func) if owner else []
+                if len(made) == 1 and isinstance(made[0].value, cst.Call):
+                    kw = kwarg(made[0].value, attr)
+                    if kw is not None:
+                        return self.value(kw, made[0].func, d)
             # args.x from argparse / HfArgumentParser dataclasses / ClassName.attr
             if attr in self.t.argparse:
                 return self.t.argparse[attr].default

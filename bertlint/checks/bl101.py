@@ -62,8 +62,8 @@ def check(ctx) -> None:
                         break
                 if gate_txt:
                     break
-            if gate_txt is None and loop.index is not None:
-                gate_txt = f"({loop.index.name} + 1) % {_ga.n_text(loop)} == 0"
+            if gate_txt is None and loop.index is not None and loop.accum() is not None:
+                gate_txt = f"({loop.index.name} + 1) % {loop.accum().text} == 0"
             fix = None
             st = _ga.stmt_of(e)
             if st is not None and gate_txt and not e.via:
