@@ -352,3 +352,40 @@ def test_bl404_own_training_step_decides_the_call():
         "class WeightedTrainer(Trainer):\n    def training_step(self, model, inputs, num_items_in_batch=None):\n"
         "        return self.compute_loss(model, inputs)\n\n")
     assert codes(src, code="BL404") == []
+
+
+CUSTOM = '''import torch
+from transformers import AutoModel, Trainer, TrainingArguments
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = AutoModel.from_pretrained("bert-base-uncased")
+        self.head = torch.nn.Linear(768, 2)
+
+    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
+        logits = self.head(self.encoder(input_ids, attention_mask=attention_mask).last_hidden_state[:, 0])
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        return {"loss": loss, "logits": logits}
+
+
+model = Classifier()
+args = TrainingArguments("out", per_device_train_batch_size=8, gradient_accumulation_steps=4)
+trainer = Trainer(model=model, args=args)
+'''
+
+
+def test_bl405_custom_model_with_kwargs_that_ignores_num_items():
+    assert codes(CUSTOM, "5.24.0", "BL405") == [("BL405", 19)]
+    assert codes(CUSTOM, "4.57.1", "BL405") == [("BL405", 19)]
+    assert codes(CUSTOM, "4.45.2", "BL405") == []
+    (d,) = [d for d in lint(CUSTOM) if d.code == "BL405"]
+    assert "Classifier.forward" in d.message and d.fix is not None
+    assert codes(CUSTOM.replace(", **kwargs)", ")"), code="BL405") == []  # no **kwargs: the Trainer divides
+    assert codes(CUSTOM.replace("labels=None, **kwargs", "targets=None, **kwargs").replace(", labels)", ", targets)"),
+                 code="BL405") == []
+    uses = CUSTOM.replace("loss = torch.nn.functional.cross_entropy(logits, labels)",
+                          "loss = torch.nn.functional.cross_entropy(logits, labels, reduction='sum') / kwargs['num_items_in_batch']")
+    assert codes(uses, code="BL405") == []
+    assert codes(CUSTOM.replace("class Classifier(torch.nn.Module):\n", "class Classifier(torch.nn.Module):\n    accepts_loss_kwargs = False\n"), code="BL405") == []

@@ -344,6 +344,17 @@ class ModelInfo:
     use_cache_true: Optional[cst.CSTNode] = None
     is_decoder: Optional[bool] = None
     from_pretrained: bool = False
+    local_class: Optional[cst.ClassDef] = None  # a model class defined in the script
+
+    @property
+    def forward(self) -> Optional[cst.FunctionDef]:
+        """``forward`` of a model class of the script (None for library classes)."""
+        if self.local_class is None or not isinstance(self.local_class.body, cst.IndentedBlock):
+            return None
+        for stmt in self.local_class.body.body:
+            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
+                return stmt
+        return None
 
     @property
     def weights_dtype(self) -> Optional[str]:
@@ -792,7 +803,7 @@ class _Builder:
             finally:
                 self._resolving.discard(expr.value)
             if len(classes) > 1:  # different models on different paths: the class is not known
-                info.class_name = info.family = info.head = info.architecture = None
+                info.class_name = info.family = info.head = info.architecture = info.local_class = None
             self._scan_model_var(info, expr.value, func)
             return info
         if isinstance(expr, cst.Call):
@@ -821,7 +832,7 @@ class _Builder:
             finally:
                 self._resolving.discard(target)
             if len(classes) > 1:
-                info.class_name = info.family = info.head = info.architecture = None
+                info.class_name = info.family = info.head = info.architecture = info.local_class = None
             return info
         return None
 
@@ -908,6 +919,20 @@ class _Builder:
             if arch:
                 info.architecture, info.architecture_source = arch
             return True
+        if isinstance(call.func, cst.Name) and last in self.t.classes and self._is_module_class(last):
+            # a model class of this script (an nn.Module / PreTrainedModel subclass)
+            info.node = info.node or call
+            info.declared_class = info.class_name = last
+            info.local_class = self.t.classes[last]
+            return True
+        return False
+
+    def _is_module_class(self, name: str) -> bool:
+        for cls in self._class_chain(name):
+            for b in cls.bases:
+                q = self.qual(b.value) or dotted(b.value) or ""
+                if q.endswith(("nn.Module", "PreTrainedModel", "torch.nn.Module")) or q == "Module":
+                    return True
         return False
 
     def _is_transformers_class(self, expr: cst.BaseExpression) -> bool:
@@ -990,7 +1015,7 @@ class _Builder:
     def _merge(self, info: ModelInfo, sub: ModelInfo) -> None:
         for f in ("node", "declared_class", "class_name", "family", "head", "checkpoint", "architecture",
                   "architecture_source", "dtype", "dtype_node", "cast", "cast_node", "peft_node", "use_cache_true",
-                  "is_decoder"):
+                  "is_decoder", "local_class"):
             if getattr(info, f) is None and getattr(sub, f) is not None:
                 setattr(info, f, getattr(sub, f))
         info.peft = info.peft or sub.peft

@@ -52,6 +52,8 @@ def check(ctx) -> None:
             continue
         tv = ctx.versions.transformers
         kind = loss_ignores_num_items(tv, ti.model.family, ti.model.head)
+        if kind is None and ti.model.local_class is not None:
+            kind = _custom_forward_ignores(ti.model, tv)
         if kind is None:
             continue
         model = model_phrase(ti.model)
@@ -59,7 +61,23 @@ def check(ctx) -> None:
         origin = args.origin("gradient_accumulation_steps")
         ga_text = f"gradient_accumulation_steps={n}" + ("" if origin == "keyword" else f" ({origin})")
         fix = None
-        if kind == "5x":
+        if kind == "custom":
+            kw = ti.model.forward.params.star_kwarg.name.value
+            msg = (
+                f"On {tv.describe()}, `{ti.model.class_name}.forward` declares `**{kw}` and takes `labels`, so the "
+                f"Trainer sets `model_accepts_loss_kwargs=True`, passes `num_items_in_batch` into it and skips its own "
+                f"division by the accumulation steps — but `forward` never reads it: with {ga_text} each optimizer "
+                f"step applies the sum of {n} micro-batch losses, {n}× too large. Fix: set "
+                f"`trainer.model_accepts_loss_kwargs = False` after constructing the Trainer, or normalise the loss "
+                f"in `forward` by `num_items_in_batch` (sum of token losses / num_items_in_batch)."
+            )
+            if ti.var and ti.stmt is not None and len(ti.stmt.body) == 1:
+                fix = ctx.fix(
+                    f"Insert `{ti.var}.model_accepts_loss_kwargs = False` after the Trainer is constructed",
+                    [ctx.edit_insert_line_after(ti.stmt, f"{ti.var}.model_accepts_loss_kwargs = False")],
+                    Applicability.UNSAFE,
+                )
+        elif kind == "5x":
             escape = (
                 f" or a Trainer subclass with `loss_is_scaled_for_ga = False`" if tv.at_least("5.19.0") else ""
             )
@@ -145,3 +163,25 @@ def _check_loss_func(ctx, ti, n: int, args) -> None:
         data={"accumulation": n, "transformers": tv.text, "version_source": tv.source, "kind": "loss_func",
               "trainer_var": ti.var},
     )
+
+
+def _custom_forward_ignores(model, tv):
+    """A model class of the script whose ``forward(..., labels=..., **kwargs)`` computes a loss and never reads
+    ``num_items_in_batch`` (nor its ``**kwargs``): from transformers 4.48 the Trainer treats such a model as
+    normalising by ``num_items_in_batch`` and does not divide by N."""
+    f = model.forward
+    if f is None or not tv.at_least("4.48.0"):
+        return None
+    p = f.params
+    if p.star_kwarg is None:
+        return None
+    names = {x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)}
+    if "labels" not in names:
+        return None  # without a `labels` key in the batch the Trainer computes no num_items_in_batch and divides
+    body = code_of(f.body)
+    if "num_items_in_batch" in body or "loss" not in body or reads_name(f, p.star_kwarg.name.value):
+        return None
+    cls_text = code_of(model.local_class)
+    if "accepts_loss_kwargs" in cls_text:
+        return None
+    return "custom"
