@@ -92,6 +92,17 @@ def who_divides(setup, versions, fs) -> dict:
                                                                          "checks it)", "inflated": None}
     fam, head = (m.family, m.head) if m else (None, None)
     kind = loss_ignores_num_items(tv, fam, head)
+    if kind is None and m is not None and m.local_class is not None:
+        from bertlint.checks.bl405 import _custom_forward_ignores
+
+        if _custom_forward_ignores(m, tv):
+            return {"who": "nobody", "detail": f"{m.class_name}.forward takes `**kwargs` and `labels` but ignores "
+                                               f"`num_items_in_batch`; the Trainer does not divide: loss and "
+                                               f"gradients ×{n if n else 'N'} {where} (BL405)", "inflated": True}
+        f = m.forward
+        if f is not None and f.params.star_kwarg is None and tv.at_least("4.48.0"):
+            return {"who": "the Trainer", "detail": f"{m.class_name}.forward takes no `**kwargs`: the Trainer "
+                                                    f"divides each micro-batch loss by N {where}", "inflated": False}
     nn = n if n else "N"
     if n is None and kind is not None:
         return {"who": "nobody, if gradient_accumulation_steps > 1",
