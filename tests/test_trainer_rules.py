@@ -389,3 +389,15 @@ def test_bl405_custom_model_with_kwargs_that_ignores_num_items():
                           "loss = torch.nn.functional.cross_entropy(logits, labels, reduction='sum') / kwargs['num_items_in_batch']")
     assert codes(uses, code="BL405") == []
     assert codes(CUSTOM.replace("class Classifier(torch.nn.Module):\n", "class Classifier(torch.nn.Module):\n    accepts_loss_kwargs = False\n"), code="BL405") == []
+
+
+def test_bl404_mean_override_with_a_script_model_taking_kwargs():
+    src = CUSTOM.replace("model = Classifier()", '''class MyTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+        out = model(**inputs)
+        return (out["loss"], out) if return_outputs else out["loss"]
+
+
+model = Classifier()''').replace("trainer = Trainer(", "trainer = MyTrainer(")
+    assert [c for c, _ in codes(src, code="BL404")] == ["BL404"]
+    assert codes(src.replace(", **kwargs):\n        logits", "):\n        logits"), code="BL404") == []

@@ -75,7 +75,10 @@ def check(ctx) -> None:
             if n is None or n <= 1 or ti.loss_scaling_override or ti.compute_loss_func is not None:
                 continue
             if ti.model.family is None or ti.model.head is None:
-                continue
+                f = ti.model.forward  # a model class of the script: its forward must take **kwargs and labels
+                if f is None or f.params.star_kwarg is None or "labels" not in {
+                        x.name.value for x in (*f.params.params, *f.params.kwonly_params)}:
+                    continue
             ctx.report(
                 fdef.name,
                 f"`{cname}.compute_loss` returns a per-micro-batch loss and never reads `num_items_in_batch`, but "
