@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from typing import Any, Callable, Optional
 
 import libcst as cst
 
-from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, kwarg, literal
+from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, kwarg
 
 _MEMORY_ESTIMATOR: Optional[Callable] = None
 
@@ -374,7 +373,7 @@ def explain_source(source: str, filename: str, settings=None, *, world_size: Opt
     for s in fs.setups:
         out["setups"].append(_explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len, findings))
     try:
-        from bertlint.analysis import loops as _loops  # noqa: F401  (the loop engineer's analysis, if present)
+        import bertlint.analysis.loops  # noqa: F401  (the loop analysis, when present)
 
         for lp in ctx.loops:
             out["loops"].append(_explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len, out))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bertlint.api import apply_fixes, lint_path
-from bertlint.config import Settings, clear_caches, load_settings
+from bertlint.config import Settings, clear_caches
 from bertlint.engine import lint_python
 
 ROOT = Path(__file__).resolve().parent.parent

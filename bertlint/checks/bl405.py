@@ -79,7 +79,7 @@ def check(ctx) -> None:
                 )
         elif kind == "5x":
             escape = (
-                f" or a Trainer subclass with `loss_is_scaled_for_ga = False`" if tv.at_least("5.19.0") else ""
+                " or a Trainer subclass with `loss_is_scaled_for_ga = False`" if tv.at_least("5.19.0") else ""
             )
             msg = (
                 f"On {tv.describe()}, {model} accepts `**kwargs` but its loss ignores `num_items_in_batch`, so the "
