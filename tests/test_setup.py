@@ -262,3 +262,14 @@ class Pipeline:
         Trainer(model=self.model, args=TrainingArguments("o", gradient_accumulation_steps=2))
 """)
     assert fs2.trainers[0].model is None
+
+
+def test_freezing_the_backbone_freezes_the_inputs():
+    base = HEAD + "model = AutoModelForSequenceClassification.from_pretrained('bert-base-uncased')\n{loop}\nt = Trainer(model=model)\n"
+    def frozen(loop):
+        m = setup_of(base.format(loop=loop)).trainers[0].model
+        return bool(m.frozen_inputs), m.frozen_any
+    assert frozen("for p in model.base_model.parameters():\n    p.requires_grad = False") == (True, True)
+    assert frozen("for p in model.bert.embeddings.parameters():\n    p.requires_grad = False") == (True, True)
+    assert frozen("for n, p in model.named_parameters():\n    if 'layer.0.' in n:\n        p.requires_grad = False") == (False, True)
+    assert frozen("for p in model.classifier.parameters():\n    p.requires_grad = False") == (False, True)

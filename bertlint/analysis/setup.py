@@ -1072,6 +1072,15 @@ class _Builder:
             info.frozen_any = True
             if "embed" in text.lower():
                 info.frozen_inputs.append(loop)
+                continue
+            # the whole model or its backbone frozen without a selection: the embeddings are frozen too
+            it = code_of(loop.iter).replace(" ", "")
+            whole = re.fullmatch(
+                rf"{re.escape(var)}(\.(base_model|bert|roberta|distilbert|deberta|electra|albert|model|encoder_model))?"
+                r"\.(named_)?parameters\(\)", it)
+            has_if = any(isinstance(st, cst.If) for st in (loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []))
+            if whole and not has_if:
+                info.frozen_inputs.append(loop)
 
     # ---- trainers
     def trainer_from_site(self, site: CallSite, all_args: list[TrainingArgs]) -> Optional[TrainerInfo]:
