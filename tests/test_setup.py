@@ -273,3 +273,9 @@ def test_freezing_the_backbone_freezes_the_inputs():
     assert frozen("for p in model.bert.embeddings.parameters():\n    p.requires_grad = False") == (True, True)
     assert frozen("for n, p in model.named_parameters():\n    if 'layer.0.' in n:\n        p.requires_grad = False") == (False, True)
     assert frozen("for p in model.classifier.parameters():\n    p.requires_grad = False") == (False, True)
+
+
+def test_requires_grad_false_on_the_backbone():
+    src = HEAD + "model = AutoModelForSequenceClassification.from_pretrained('bert-base-uncased')\n" \
+                 "model.bert.requires_grad_(False)\nt = Trainer(model=model)\n"
+    assert setup_of(src).trainers[0].model.frozen_inputs

@@ -1054,7 +1054,9 @@ class _Builder:
                 arg = positional(site.call, 0)
                 if arg is not None and literal(arg) is False:
                     info.frozen_any = True
-                    if "embed" in base.lower():
+                    backbone = base[len(var) + 1:] in ("base_model", "bert", "roberta", "distilbert", "deberta",
+                                                       "electra", "albert", "model")
+                    if "embed" in base.lower() or backbone:
                         info.frozen_inputs.append(site.call)
             elif site.is_expr and m in ("half", "bfloat16", "to") and base == var:
                 cast = "float16" if m == "half" else "bfloat16" if m == "bfloat16" else self._dtype_in_to(site.call, site.func)
