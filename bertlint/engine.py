@@ -49,8 +49,34 @@ def parse_error(filename: str, message: str, row: int = 1, col: int = 1) -> Diag
     return Diagnostic(meta.code, meta.name, meta.severity, message, filename, pos, pos)
 
 
+_BRACKET = re.compile(r"[()\[\]{}]")
+
+
+def _bracket_depth(source: str) -> int:
+    d = m = 0
+    for ch in _BRACKET.findall(source):
+        if ch in "([{":
+            d += 1
+            if d > m:
+                m = d
+        elif d:
+            d -= 1
+    return m
+
+
 def parse_python(source: str):
     """cst.Module, or (message, row, col) for a syntax error (never raises)."""
+    if source.count("(") + source.count("[") + source.count("{") > 150 and _bracket_depth(source) > 150:
+        # libcst's native parser crashes the interpreter on very deep nesting (a few thousand levels); CPython
+        # rejects more than 200 nested brackets anyway, so ask it first
+        try:
+            compile(source, "<bertlint>", "exec", 0x400, dont_inherit=True)
+        except SyntaxError as e:
+            return (f"SyntaxError: {e.msg}", e.lineno or 1, e.offset or 1)
+        except (ValueError, RecursionError, MemoryError):
+            pass
+        if _bracket_depth(source) > 900:
+            return ("the file nests brackets too deeply for the parser", 1, 1)
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as e:
@@ -74,16 +100,29 @@ def parse_python(source: str):
     return fallback
 
 
+def _default_warning(filename: str, message: str) -> None:
+    sys.stderr.write(f"warning: {filename}: {message}\n")
+
+
+# Called once per file whose tree is too deep for the analyses (RecursionError): those rules are skipped.
+on_warning: Callable[[str, str], None] = _default_warning
+
+
 def _run_rules(ctx, target: str, settings: Settings) -> None:
+    too_deep = []
     for r in all_rules():
         if target not in r.meta.targets or not settings.is_enabled(r.meta.code, r.meta.default_enabled):
             continue
         ctx.current = r.meta
         try:
             r.check(ctx)
+        except RecursionError:  # pathological nesting: no finding rather than a guess
+            too_deep.append(r.meta.code)
         except Exception as e:  # a rule bug must not take the file (or the run) down
             on_internal_error(r.meta.code, ctx.filename, e)
     ctx.current = None
+    if too_deep:
+        on_warning(ctx.filename, f"nested too deeply to analyse; skipped {', '.join(too_deep)}")
 
 
 def lint_python(source: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:

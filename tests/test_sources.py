@@ -218,3 +218,41 @@ def test_notebook_line_that_only_looks_like_a_magic():
     assert [(x.cell, x.start.row) for x in d] == [(1, 3), (2, 1)]
     ok = nb(("code", "import torch\ntotal = (a\n         % b)\n"))
     assert lint_text(ok, "nb.ipynb", S) == []
+
+
+def test_pathological_nesting_is_reported_not_crashed(tmp_path):
+    """libcst's native parser crashes the interpreter on thousands of nested brackets: CPython is asked first."""
+    import subprocess
+    import sys
+
+    deep = tmp_path / "deep.py"
+    deep.write_text("import torch\nx = " + "(" * 3000 + "1" + ")" * 3000 + "\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "bertlint", "--output-format", "concise", str(deep)], capture_output=True, text=True
+    )
+    assert p.returncode == 1, p.stderr
+    assert p.stdout.startswith(f"{deep}:2:") and "BL001 SyntaxError: too many nested parentheses" in p.stdout
+
+
+def test_a_rule_hitting_the_recursion_limit_is_skipped_with_one_warning():
+    from bertlint import engine, registry
+    from bertlint.types import Severity
+
+    def endless(ctx):
+        def f(n):
+            return f(n + 1)
+
+        f(0)
+
+    registry.all_rules()
+    registry.rule("BL996", "demo-deep", Severity.ERROR, "recursion")(endless)
+    warnings, errors = [], []
+    old = engine.on_warning, engine.on_internal_error
+    engine.on_warning = lambda f, m: warnings.append((f, m))
+    engine.on_internal_error = lambda c, f, e: errors.append(c)
+    try:
+        assert lint_text("import torch\nx = 1\n", "deep.py", Settings(select=["BL996"])) == []
+    finally:
+        engine.on_warning, engine.on_internal_error = old
+        registry._RULES.pop("BL996", None)
+    assert warnings == [("deep.py", "nested too deeply to analyse; skipped BL996")] and errors == []
