@@ -296,6 +296,50 @@ async def test_diagnostics_match_the_command_line_and_follow_changes(tmp_path):
         await wait_for(client, uri, lambda ds: ds == [] or ds == ())
 
 
+async def test_incremental_edits_after_a_form_feed(tmp_path):
+    """Editors send incremental changes in LSP lines (ended by \\n, \\r\\n or \\r only): a form feed
+    (old GNU-style section break) must not shift the server's copy of the buffer."""
+    src = BUGGY.replace("import torch\n", "import torch\n\x0c\n")
+    row = src.split("\n").index("        optimizer.step()")
+    path = tmp_path / "train.py"
+    async with session(tmp_path) as client:
+        uri = open_doc(client, path, src)
+        diags = await wait_for(client, uri, lambda ds: "BL101" in codes(ds))
+        assert next(d for d in diags if d.code == "BL101").range.start.line == row
+
+        def insert(version: int, line: int, character: int, text: str) -> None:
+            at = types.Position(line=line, character=character)
+            client.text_document_did_change(
+                types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                    content_changes=[types.TextDocumentContentChangePartial(range=types.Range(start=at, end=at), text=text)],
+                )
+            )
+
+        # a stray parenthesis typed before the call: the syntax error is on the call's line, not two above
+        insert(2, row, 8, ")")
+        diags = await wait_for(client, uri, lambda ds: client.published[-1].version == 2)
+        assert codes(diags) == ["BL001"] and diags[0].range.start.line == row
+        # deleted again: the buffer is the original text
+        client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=3),
+                content_changes=[
+                    types.TextDocumentContentChangePartial(
+                        range=types.Range(start=types.Position(line=row, character=8), end=types.Position(line=row, character=9)),
+                        text="",
+                    )
+                ],
+            )
+        )
+        diags = await wait_for(client, uri, lambda ds: client.published[-1].version == 3)
+        assert next(d for d in diags if d.code == "BL101").range.start.line == row
+        end = len("        optimizer.step()")
+        insert(4, row, end, "  # noqa: BL101")
+        diags = await wait_for(client, uri, lambda ds: client.published[-1].version == 4)
+        assert "BL101" not in codes(diags) and "BL001" not in codes(diags)
+
+
 async def test_noqa_action_suppresses_and_extends(tmp_path):
     path = tmp_path / "train.py"
     async with session(tmp_path) as client:

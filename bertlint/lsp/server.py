@@ -32,6 +32,7 @@ import libcst  # noqa: F401
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument
 
 from bertlint import __version__
 from bertlint.lsp import DEFAULT_DEBOUNCE_MS, convert
@@ -149,6 +150,29 @@ class Linted:
     @functools.cached_property
     def lines(self) -> list[str]:
         return convert.split_lines(self.text)
+
+
+class LspLinesDocument(TextDocument):
+    """pygls's text document with lines ended only by ``\n``, ``\r\n`` or ``\r``, as LSP counts them.
+    pygls splits with ``str.splitlines``, which also breaks at a form feed or U+2028: an incremental
+    edit after such a character would land on the wrong line and the server's copy of the buffer
+    would drift from the editor's."""
+
+    @property
+    def lines(self):
+        return tuple(convert.split_lines(self.source))
+
+
+def _use_lsp_lines(workspace) -> None:
+    create = workspace._create_text_document
+
+    def create_document(*args, **kwargs):
+        doc = create(*args, **kwargs)
+        if type(doc) is TextDocument:
+            doc.__class__ = LspLinesDocument
+        return doc
+
+    workspace._create_text_document = create_document
 
 
 def _lsp_position(lines: list[str], codec, pos: Position) -> types.Position:
@@ -558,6 +582,7 @@ def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: BertlintServer, params: types.InitializeParams) -> None:
+        _use_lsp_lines(ls.workspace)  # pygls made the workspace just before this handler
         opts = params.initialization_options
         if isinstance(opts, dict) and not ls._debounce_fixed:
             ms = opts.get("debounceMs", opts.get("debounce_ms"))
