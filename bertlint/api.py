@@ -139,6 +139,24 @@ def check_file(
         return res
     res.source = text
     res.encoding = enc
+    # engine warnings (a file too deep to analyse) travel with the result: deterministic order in parallel runs
+    seen_warnings: set = set()
+
+    def warn(filename: str, message: str) -> None:
+        w = f"{filename}: {message}"
+        if w not in seen_warnings:
+            seen_warnings.add(w)
+            res.warnings.append(w)
+
+    previous = engine.on_warning
+    engine.on_warning = warn
+    try:
+        return _check_text(res, path, text, enc, name, settings, fix, unsafe, write)
+    finally:
+        engine.on_warning = previous
+
+
+def _check_text(res: FileResult, path, text, enc, name, settings, fix, unsafe, write) -> FileResult:
     if not fix:
         res.diagnostics = lint_text(text, name, settings)
         return res
