@@ -219,3 +219,31 @@ def test_installed_package_carries_the_pages():
     for page in _pages():
         assert rule_page(page.stem) == page.read_text(encoding="utf-8")
     assert os.path.isdir(ROOT / "bertlint" / "pages")
+
+
+def test_wheel_ships_every_page(tmp_path):
+    """`bertlint rule CODE` from an installed (non-editable) wheel: the pages are package data."""
+    import subprocess
+    import sys
+    import zipfile
+
+    pytest.importorskip("setuptools")
+    # build from a copy: the working tree stays free of build/ and egg-info changes
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".ci-venv", "build", "dist", "*.egg-info", "__pycache__", "fixtures", "tests", "bench_out",
+        "node_modules", ".pytest_cache",
+    ))
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "w"), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    if p.returncode != 0 and "No module named" in p.stderr:
+        pytest.skip(f"cannot build a wheel here: {p.stderr[-300:]}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    wheel = next((tmp_path / "w").glob("bertlint-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [pg.name for pg in _pages() if f"bertlint/pages/{pg.name}" not in names]
+    assert not missing, f"pages missing from the wheel: {missing}"
