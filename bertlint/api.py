@@ -101,7 +101,8 @@ class FileResult:
     filename: str
     diagnostics: list[Diagnostic] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    source: Optional[str] = None  # the text linted (for the reporters' source lines)
+    source: Optional[str] = None  # the text the diagnostics refer to (after fixing, the fixed text)
+    original: Optional[str] = None  # with --fix/--diff: the text before fixing
     fixed_text: Optional[str] = None  # with --fix/--diff: the text after fixing (None: unchanged)
     applied: list[Diagnostic] = field(default_factory=list)
     failed: list[tuple[Diagnostic, str]] = field(default_factory=list)
@@ -166,10 +167,11 @@ def _check_text(res: FileResult, path, text, enc, name, settings, fix, unsafe, w
     res.failed = failed
     if new != text:
         res.fixed_text = new
+        res.original = text
+        res.source = new
         if write:
             from bertlint.fixes import atomic_write
             from bertlint.sources import encode
 
             atomic_write(path, encode(new, enc))
-            res.source = new
     return res

@@ -508,7 +508,7 @@ def run(o: Options) -> int:
         r = check_file(name, settings, fix=fixing, unsafe=o.unsafe_fixes, write=False, data=data, display_name=name)
         results.append(r)
         if o.fix and not o.diff:
-            stdin_out = r.fixed_text if r.fixed_text is not None else (r.source if r.source is not None else data.decode("utf-8", "replace"))
+            stdin_out = r.source if r.source is not None else data.decode("utf-8", "replace")
     return _report(o, results, stdin_out)
 
 
@@ -548,10 +548,10 @@ def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
         diags.extend(r.diagnostics)
         sources[r.filename] = r.source
         fixed += len(r.applied)
-        if o.diff and r.fixed_text is not None and r.source is not None:
+        if o.diff and r.fixed_text is not None and r.original is not None:
             from bertlint.fixes import unified_diff
 
-            diffs.append(unified_diff(r.source, r.fixed_text, r.filename))
+            diffs.append(unified_diff(r.original, r.fixed_text, r.filename))
     diags.sort(key=Diagnostic.sort_key)
 
     if o.verify:
