@@ -156,6 +156,8 @@ def _load_toml(path: str) -> dict:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte offset {e.start})") from None
 
 
 def _type_name(v: Any) -> str:

@@ -108,6 +108,9 @@ def test_invalid_toml_is_a_config_error(tmp_path):
     cfg = write(tmp_path / "pyproject.toml", "[tool.bertlint]\nselect = [\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         read_config_file(str(cfg))
+    cfg.write_bytes(b"[tool.bertlint]\nselect = ['\xff']\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_config_file(str(cfg))
 
 
 def test_cli_config_error_exits_2_without_traceback(tmp_path, capsys):
