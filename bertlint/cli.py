@@ -468,6 +468,13 @@ def _work(task):
 def run(o: Options) -> int:
     from bertlint.api import FileResult, check_file
 
+    for stream in (sys.stdout, sys.stderr):  # messages carry "×" and "—": never die on a narrow locale
+        try:
+            if (getattr(stream, "encoding", "") or "").lower().replace("-", "") not in ("utf8", "utf8sig"):
+                stream.reconfigure(errors="replace")  # type: ignore[union-attr]
+        except Exception:
+            pass
+
     paths = o.paths or ["."]
     for p in paths:
         if p != "-" and not os.path.exists(p):
