@@ -161,6 +161,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 model = AutoModelForMaskedLM.from_pretrained("tiny")
+model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
 tok = AutoTokenizer.from_pretrained("tiny")
 enc = tok(texts, truncation=True, max_length=24, padding=True)
 loader = DataLoader(train_ds, batch_size=3, shuffle=True)
@@ -192,6 +193,7 @@ def test_loop_script_set_up(tmp_path):
     assert spec.head == "AutoModelForMaskedLM"
     assert (spec.micro_batch, spec.seq_len, spec.precision) == (3, 24, "bf16")
     assert spec.optimizer == "sgd" and spec.sgd_momentum == 0.9
+    assert spec.checkpointing and spec.reentrant
     assert any("upper bound" in a for a in spec.assumptions)  # padding=True: at most max_length
 
 
@@ -265,3 +267,23 @@ def test_cli_bad_gpu_and_model_config(tmp_path, capsys):
     assert main([path, "--model-config", str(bad)]) == 2
     assert "model_type" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.py")]) == 2
+
+
+# ------------------------------------------------------------------ the fixtures' set-ups (resolution only: fast)
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "memory")
+
+
+def test_fixture_set_ups():
+    (art,) = specs_from_script(os.path.join(FIX, "article_bert_base_512.py"))
+    assert (art.model_name, art.micro_batch, art.seq_len, art.precision, art.checkpointing) == \
+        ("bert-base-uncased", 32, 512, "fp32", False)
+    assert art.config["hidden_size"] == 768 and art.head.endswith("SequenceClassification")
+    (loop,) = specs_from_script(os.path.join(FIX, "loop_bf16_checkpointing.py"))
+    assert (loop.config["model_type"], loop.micro_batch, loop.seq_len, loop.precision) == ("roberta", 16, 256, "bf16")
+    assert loop.checkpointing and not loop.reentrant and loop.head.endswith("MaskedLM")
+    (ds,) = specs_from_script(os.path.join(FIX, "trainer_deepspeed_zero2.py"), overrides=Overrides(world_size=8))
+    assert (ds.zero_stage, ds.world_size, ds.accumulation, ds.precision, ds.seq_len) == (2, 8, 4, "bf16", 384)
+    assert ds.head.endswith("QuestionAnswering") and ds.config["num_hidden_layers"] == 24
+    with pytest.raises(MemoryInputError, match="custom class `Classifier`"):
+        specs_from_script(os.path.join(FIX, "custom_model.py"))

@@ -20,3 +20,24 @@ def spec_from_setup(*args, **kw):
 
 
 __all__ = ["MemoryInputError", "MemorySpec", "simulate", "spec_from_setup"]
+
+
+def explain_estimator(setup, seq_len, world_size, versions=None, device: str = "cuda"):
+    """A memory estimator for ``bertlint.explain.register_memory_estimator``: simulates the set-up's step and
+    returns explain's keys (bytes at the simulated peak, by category), or None when the set-up cannot be
+    simulated (explain then keeps its first-order estimate)."""
+    from bertlint.memory.script import Overrides
+    from bertlint.memory.script import spec_from_setup as _from_setup
+
+    try:
+        ov = Overrides(seq_len=seq_len, world_size=world_size if world_size and world_size > 1 else None)
+        spec = _from_setup(setup, overrides=ov)
+        res = simulate(spec, device)
+    except Exception:  # noqa: BLE001 - explain falls back to its first-order arithmetic
+        return None
+    out = dict(res.by_category)
+    out["total"] = res.peak_bytes
+    out["peak_phase"] = res.peak_phase
+    out["source"] = f"simulated training step ({device} storage rules)"
+    out["assumptions"] = list(res.assumptions)
+    return out

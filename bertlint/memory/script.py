@@ -388,12 +388,17 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
     if ov.checkpointing is not None:
         ckpt = ov.checkpointing
     else:
-        c = getattr(setup, "checkpointing", False)
+        c = getattr(setup, "checkpointing", None)
+        if c is None and model_info is not None and getattr(model_info, "checkpointing", None):
+            c = True  # a hand-written loop: model.gradient_checkpointing_enable(...) was called
         ckpt = c is True
         if c is not True and c is not False and c is not None:
             notes.append("whether checkpointing is on is not statically known: simulated off (--checkpointing)")
     if ckpt:
         kw = getattr(setup, "checkpointing_kwargs", None)
+        calls = getattr(model_info, "checkpointing", None) if model_info is not None else None
+        if not hasattr(setup, "checkpointing_kwargs") and calls:
+            kw = getattr(calls[-1], "kwargs", None)
         if isinstance(kw, dict) and isinstance(kw.get("use_reentrant"), bool):
             reentrant = kw["use_reentrant"]
         elif kw is None:
