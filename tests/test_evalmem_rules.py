@@ -860,3 +860,25 @@ def test_bl502_computed_context_managers_and_train_false():
             for b in loader:
                 model(**b)  # expect: BL502
         """)
+
+
+def test_bl206_version_guarded_fallbacks_not_reported():
+    check("""
+        import torch
+        from packaging import version
+
+        def make_scaler(**kwargs):
+            if version.parse(torch.__version__) >= version.parse("2.3"):
+                return torch.amp.GradScaler("cuda", **kwargs)
+            else:
+                return torch.cuda.amp.GradScaler(**kwargs)
+
+        def make_autocast():
+            try:
+                return torch.amp.autocast("cuda")
+            except AttributeError:
+                return torch.cuda.amp.autocast()
+
+        ctx = torch.amp.autocast("cuda") if hasattr(torch, "amp") else torch.cuda.amp.autocast()
+        scaler = torch.cuda.amp.GradScaler()  # expect: BL206
+        """)

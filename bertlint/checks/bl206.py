@@ -97,6 +97,27 @@ def _new_call(call: Optional[cst.Call], callee: str, kind: str, device: str) -> 
     return call.with_changes(func=func, args=new_args)
 
 
+_GUARD_WORDS = ("version", "hasattr", "TORCH_", "torch_version", "is_torch", "LooseVersion", "packaging")
+
+
+def _version_guarded(ctx, node) -> bool:
+    """A fallback for old torch: under an ``if`` / ``else`` whose test checks the torch version or ``hasattr``,
+    or in an ``except`` handler (``try: torch.amp... except AttributeError: torch.cuda.amp...``)."""
+    flow = ctx.evalflow
+    cur = flow.parent.get(node)
+    while cur is not None:
+        if isinstance(cur, (cst.If, cst.IfExp, cst.While)):
+            code = ctx.module.code_for_node(cur.test)
+            if any(w in code for w in _GUARD_WORDS):
+                return True
+        elif isinstance(cur, cst.ExceptHandler):
+            return True
+        elif isinstance(cur, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        cur = flow.parent.get(cur)
+    return False
+
+
 def _torch_target(ctx):
     try:
         tv = ctx.versions.torch
@@ -135,6 +156,9 @@ def check(ctx) -> None:
         q = sym.qualname(d.decorator)
         if q in _DEPRECATED and _DEPRECATED[q][0] in ("custom_fwd", "custom_bwd"):
             found.append((d.decorator, None, q, *_DEPRECATED[q]))
+    if not found:
+        return
+    found = [f for f in found if not _version_guarded(ctx, f[0])]
     if not found:
         return
     tv = _torch_target(ctx)
