@@ -662,14 +662,17 @@ class Recorder:
             except Exception:
                 pass
         try:
-            cs = 0.0
-            n = 0
+            # cross-rank checksum: the sum of the gradients of up to 4 small parameters (cheap at any model size)
+            small = []
             for g in opt.param_groups:
                 for q in g["params"]:
-                    if q.grad is not None and n < 4:
-                        cs += float(q.grad.detach().double().sum())
-                        n += 1
-            w["grad_checksum"] = cs if n else None
+                    if q.grad is not None and q.numel() <= (1 << 20):
+                        small.append(q)
+                        if len(small) >= 4:
+                            break
+                if len(small) >= 4:
+                    break
+            w["grad_checksum"] = sum(float(q.grad.detach().float().sum()) for q in small) if small else None
         except Exception:
             pass
         if self.world > 1 or self.ddp:
