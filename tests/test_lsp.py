@@ -574,6 +574,30 @@ async def test_pyproject_configuration_is_honoured(tmp_path, shared):
     await wait_for(client, ignored, lambda ds: "BL101" in codes(ds))
 
 
+async def test_deepspeed_config_files(tmp_path, shared):
+    """Configuration files go through the same library path (BL402 on a DeepSpeed JSON); JSON has no
+    comments, so no `# noqa` action is offered there, while YAML gets one the engine honours."""
+    client = shared
+    ds = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 3}
+    text = json.dumps(ds, indent=2) + "\n"
+    path = tmp_path / "ds_config.json"
+    uri = open_doc(client, path, text, language="json")
+    diags = await wait_for(client, uri, lambda ds: "BL402" in codes(ds))
+    expected = [(d.code, d.start.row - 1) for d in api.lint_text(text, str(path), api.load_settings(str(path)))]
+    assert sorted((d.code, d.range.start.line) for d in diags) == sorted(expected)
+    d = next(d for d in diags if d.code == "BL402")
+    assert not any("noqa" in a.title for a in await code_actions(client, uri, d.range))
+
+    yaml_text = "train_batch_size: 64\ntrain_micro_batch_size_per_gpu: 8\ngradient_accumulation_steps: 3\n"
+    yuri = open_doc(client, tmp_path / "ds_config.yaml", yaml_text, language="yaml")
+    diags = await wait_for(client, yuri, lambda ds: "BL402" in codes(ds))
+    d = next(d for d in diags if d.code == "BL402")
+    noqa = next(a for a in await code_actions(client, yuri, d.range) if a.title == "Suppress with `# noqa: BL402`")
+    change_doc(client, yuri, apply_edits(yaml_text, noqa.edit.changes[yuri]), 2)
+    diags = await wait_for(client, yuri, version=2)
+    assert [x for x in diags if x.code == "BL402" and x.range.start.line == d.range.start.line] == []
+
+
 def _cells():
     return [
         "import torch\n%matplotlib inline\naccum_steps = 8",

@@ -146,6 +146,7 @@ class Linted:
     items: list[tuple[Diagnostic, types.Diagnostic]]
     fixable: bool = True  # False where edits cannot be mapped (a notebook read as JSON)
     notebook_uri: Optional[str] = None
+    comments: bool = True  # the language has `#` comments the engine reads for `# noqa` (not JSON)
 
     @functools.cached_property
     def lines(self) -> list[str]:
@@ -379,7 +380,13 @@ class BertlintServer(LanguageServer):
             res = Linted(uri, version, text, items, fixable=False)
         else:
             lines = convert.split_lines(text)
-            res = Linted(uri, version, text, [(d, self.to_lsp(d, lines)) for d in outcome.diagnostics])
+            res = Linted(
+                uri,
+                version,
+                text,
+                [(d, self.to_lsp(d, lines)) for d in outcome.diagnostics],
+                comments=not filename.endswith(".json"),
+            )
         self.results[uri] = res
         self.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(uri=uri, version=version, diagnostics=[ld for _, ld in res.items])
@@ -509,7 +516,7 @@ class BertlintServer(LanguageServer):
                         edit=types.WorkspaceEdit(changes={uri: edits}),
                     )
                 )
-            if d.code != "BL001" and res.fixable and wanted(types.CodeActionKind.QuickFix):
+            if d.code != "BL001" and res.fixable and res.comments and wanted(types.CodeActionKind.QuickFix):
                 row = d.start.row - 1
                 if 0 <= row < len(lines):
                     line = lines[row].rstrip("\r\n")
