@@ -339,3 +339,32 @@ def test_accelerator_factor_from_plugins():
     assert g.accelerator_ga.value == 4 and g.accelerator_deepspeed is not None
     h = model("from accelerate import Accelerator\naccelerator = Accelerator(**kwargs)\n")
     assert h.accelerator_ga is None and h.accelerator_ga_unknown
+
+
+@pytest.mark.parametrize(
+    "name, code, unsafe",
+    [
+        ("amp_clip_bad.py", "BL201", False),
+        ("ga_step_every_batch_bad.py", "BL101", True),
+        ("zero_grad_each_batch_bad.py", "BL102", True),
+        ("scheduler_per_microbatch_bad.py", "BL105", True),
+        ("accelerate_double_division_bad.py", "BL104", True),
+        ("scaler_update_each_batch_bad.py", "BL202", True),
+    ],
+)
+def test_fixes_remove_the_finding_and_keep_valid_code(name, code, unsafe):
+    import ast
+    import os
+
+    from bertlint.api import apply_fixes, lint_text
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "loops", name)
+    src = open(path, encoding="utf-8").read()
+    diags = [d for d in lint_text(src, path) if d.code == code]
+    assert diags and diags[0].fix is not None
+    assert diags[0].fix.applicability.value == ("unsafe" if unsafe else "safe")
+    res = apply_fixes(src, diags, unsafe=unsafe)
+    assert res.applied and not res.failed
+    ast.parse(res.text)
+    after = {d.code for d in lint_text(res.text, path) if d.code in LOOP_CODES}
+    assert code not in after and not after

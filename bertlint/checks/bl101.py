@@ -67,14 +67,30 @@ def check(ctx) -> None:
             fix = None
             st = _ga.stmt_of(e)
             if st is not None and gate_txt and not e.via:
-                body = _ga.code_of(st.body[0]).strip()
+                # wrap the step and the calls that belong with it right after (zero_grad, scheduler, scaler.update)
+                group = [st]
+                block = e.block or []
+                try:
+                    i = next(k for k, b in enumerate(block) if b is st)
+                except StopIteration:
+                    i = None
+                if i is not None:
+                    followers = {id(o.stmt) for o in loop.of("opt_zero", "model_zero", "scaler_update", "sched_step")
+                                 if o.per_micro_batch and not o.via and _ga.stmt_of(o) is not None}
+                    for nxt in block[i + 1:]:
+                        if id(nxt) in followers:
+                            group.append(nxt)
+                        else:
+                            break
                 indent = ctx.indent_of(st)
-                start, end = ctx.span(st)
-                from bertlint.types import Edit, Position
+                start, _ = ctx.span(group[0])
+                _, end = ctx.span(group[-1])
+                body = "\n".join(f"{indent}    {_ga.code_of(g.body[0]).strip()}" for g in group)
+                from bertlint.types import Edit
 
                 fix = ctx.fix(
                     f"Run `{e.name}()` only on the window's last micro-batch",
-                    [Edit(f"if {gate_txt}:\n{indent}    {body}", start, Position(end.row, end.column))],
+                    [Edit(f"if {gate_txt}:\n{body}", start, end)],
                     Applicability.UNSAFE,
                 )
             ctx.report(
