@@ -882,3 +882,40 @@ def test_bl206_version_guarded_fallbacks_not_reported():
         ctx = torch.amp.autocast("cuda") if hasattr(torch, "amp") else torch.cuda.amp.autocast()
         scaler = torch.cuda.amp.GradScaler()  # expect: BL206
         """)
+
+
+def test_bl502_same_file_decorators_and_managers():
+    check("""
+        import contextlib
+        import functools
+        import torch
+
+        def no_grad_eval(fn):
+            @functools.wraps(fn)
+            def wrapper(*a, **k):
+                with torch.no_grad():
+                    return fn(*a, **k)
+            return wrapper
+
+        @contextlib.contextmanager
+        def evaluating(model):
+            model.eval()
+            with torch.no_grad():
+                yield
+
+        @no_grad_eval
+        def evaluate(model, loader):
+            model.eval()
+            for b in loader:
+                model(**b)
+
+        def validate(model, loader):
+            with evaluating(model):
+                for b in loader:
+                    model(**b)
+
+        def predict(model, loader):
+            with maybe_no_grad(True):
+                for b in loader:
+                    model(**b)
+        """)

@@ -403,6 +403,14 @@ class EvalFlow:
                 if any(final(call_name(c)) in ("no_grad", "inference_mode", "set_grad_enabled")
                        for c in self.calls_in(fn)):
                     return UNKNOWN
+        if last and ("grad" in last.lower() or "inference" in last.lower()):
+            return UNKNOWN  # a helper named like a grad-mode switch (`@no_grad_eval`, `with maybe_no_grad(...)`)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            # `@eval_mode` / `@self.evaluating`: a decorator or manager of this file that disables grad inside
+            for fn in self.symbols.functions.get(final(dotted(expr)), []):
+                if any(final(call_name(c)) in ("no_grad", "inference_mode", "set_grad_enabled")
+                       for c in self.calls_in(fn)):
+                    return UNKNOWN
         if isinstance(expr, cst.Name):
             # `with ctx:` where ctx = torch.no_grad() if ... else nullcontext()
             for a in self.symbols.assignments.get(expr.value, []):
