@@ -192,6 +192,10 @@ def test_checkpoint_names_and_class_names():
                  "microsoft/deberta-base", "google/mobilebert-uncased", None, ""):
         assert checkpoint_family(name) in (None, "bert"), name
     assert checkpoint_family("camembert-base") is None
+    assert checkpoint_family("google/bert_uncased_L-4_H-256_A-4") == "bert"
+    assert checkpoint_family("prajjwal1/bert-tiny") == "bert"
+    assert checkpoint_family("vinai/bertweet-base") is None
+    assert checkpoint_family("bert-basement") is None
     assert checkpoint_family("microsoft/deberta-base") is None
     assert split_class("XLMRobertaForTokenClassification") == ("xlm-roberta", "ForTokenClassification")
     assert split_class("CamembertForSequenceClassification") == (None, None)

@@ -146,7 +146,8 @@ def checkpoint_family(name: str) -> Optional[str]:
         return "electra"
     if re.match(r"^albert-(base|large|xlarge|xxlarge)", last):
         return "albert"
-    if re.match(r"^bert-(base|large)", last) or org == "google-bert":
+    if re.match(r"^bert-(base|large|tiny|mini|small|medium)\b", last) or re.match(r"^bert_(uncased|cased)_l-\d", last) \
+            or org == "google-bert":
         return "bert"
     return None
 
