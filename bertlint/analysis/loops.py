@@ -107,6 +107,7 @@ OPT_NAME_RE = re.compile(r"^(opt|optim|optimizer|optimiser|.*_optimizer|optimize
 SCHED_NAME_RE = re.compile(r"^(sched|scheduler|lr_scheduler|.*_scheduler|scheduler_.*|lr_sched|.*_sched)$", re.I)
 SCALER_NAME_RE = re.compile(r"^(scaler|grad_scaler|.*_scaler|amp_scaler)$", re.IGNORECASE)
 ACCEL_NAME_RE = re.compile(r"^(accelerator|accel)$")
+ENGINE_NAME_RE = re.compile(r"^(engine|model_engine|ds_engine|deepspeed_engine|ds_model)$")
 
 _OPT_MODULES = (
     "torch.optim.",
@@ -481,6 +482,7 @@ class FileLoops:
         self.loops: list[TrainingLoop] = []
         self.kinds: dict[str, str] = {}  # variable -> kind (optimizer, scheduler, scaler, accelerator, engine ...)
         self.prepared: set[str] = set()  # names produced by accelerator.prepare
+        self.prepare_funcs: list = []  # functions (None = module level) holding an ``accelerator.prepare(...)``
         self.accelerator_calls: list[cst.Call] = []
         self.accelerator_ga: Optional[AccumFactor] = None  # None = not configured
         self.accelerator_ga_unknown = False  # **kwargs or a plugin we could not read
@@ -566,6 +568,7 @@ class FileLoops:
                 continue
             if cname.endswith(".prepare") and recv and (self.kinds.get(recv) == "accelerator" or recv == "accelerator"):
                 args = [a.value for a in call.args if a.keyword is None and not a.star]
+                self.prepare_funcs.append(func)
                 for n, a in zip(names, args):
                     if not n:
                         continue
@@ -689,7 +692,18 @@ class FileLoops:
             return "scaler", False
         if ACCEL_NAME_RE.match(last):
             return "accelerator", False
+        if ENGINE_NAME_RE.match(last):
+            return "engine", False
         return None, False
+
+    def prepared_for(self, loop: "TrainingLoop") -> bool:
+        """An ``accelerator.prepare(...)`` runs in the loop's function, its class, or at module level."""
+        for fn in self.prepare_funcs:
+            if fn is None or fn is loop.func:
+                return True
+            if loop.cls is not None and self.class_of(fn) is loop.cls:
+                return True
+        return False
 
     def accumulate_elsewhere(self, loop: "TrainingLoop") -> bool:
         """The file calls ``<accelerator>.accumulate(...)`` somewhere this loop's walk did not see."""

@@ -39,7 +39,7 @@ def check(ctx) -> None:
                     f"--gradient_accumulation_steps` sets it for DeepSpeed).",
                 )
         # 2. plain loss.backward() with a prepared model
-        if f.prepared:
+        if f.prepared and f.prepared_for(loop):
             for bw in loop.backwards:
                 if bw.backward_style not in ("tensor", "scaler"):
                     continue

@@ -29,6 +29,7 @@ def check(ctx) -> None:
                 f"`engine.step()` must run after every `engine.backward()` (it counts micro-steps and updates only "
                 f"at its own boundary). Gated, the engine sees one micro-step per window and updates once per N² "
                 f"micro-batches. Call `{e.receiver}.step()` unconditionally.",
+                severity=_ga.sev(e),
             )
         for e in loop.of("engine_zero", "opt_zero"):
             if e.kind == "opt_zero" and f.kinds.get(e.receiver or "") != "ds_optimizer":
