@@ -401,3 +401,10 @@ def test_bl404_mean_override_with_a_script_model_taking_kwargs():
 model = Classifier()''').replace("trainer = Trainer(", "trainer = MyTrainer(")
     assert [c for c, _ in codes(src, code="BL404")] == ["BL404"]
     assert codes(src.replace(", **kwargs):\n        logits", "):\n        logits"), code="BL404") == []
+
+
+def test_bl407_through_a_literal_dict():
+    src = ("from transformers import TrainingArguments\nextra = {'evaluation_strategy': 'epoch'}\n"
+           "args = TrainingArguments('o', **extra)\n")
+    (d,) = [d for d in lint(src) if d.code == "BL407"]
+    assert d.start.row == 3 and "`evaluation_strategy` (through `**`)" in d.message and d.fix is None

@@ -80,6 +80,9 @@ def check(ctx) -> None:
                 if rename:
                     fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)])
                 ctx.report(node, _message(ta.class_name, name, removed, repl, tv), fix=fix)
+            elif isinstance(node, cst.Arg) and node.star == "**":
+                ctx.report(node, _message(ta.class_name, name, removed, repl, tv).replace(
+                    f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"))
             elif ta.source_file and node is not None:
                 ctx.report(
                     node,
