@@ -73,6 +73,12 @@ def _jobs(tmp: Path) -> dict:
     add("ddp_split", s.name, ["--mode", "split"], diags=[diag(s, "BL114", 36)], timeout=120)
     s = V / "bl502_good.py"
     add("oom", s.name, memory_limit=2500)
+    s = V / "accelerate_modes.py"
+    add("acc_gate0", s.name, ["--mode", "gate0"], diags=[diag(s, "BL108", 28), diag(s, "BL109", 24)])
+    add("acc_backward", s.name, ["--mode", "backward"], diags=[diag(s, "BL108", 28), diag(s, "BL109", 24)])
+    s = V / "plain_modes.py"
+    add("offbyone", s.name, ["--mode", "offbyone"], diags=[diag(s, "BL107", 28, "W"), diag(s, "BL113", 22, "W")])
+    add("deferred", s.name, ["--mode", "deferred"], diags=[diag(s, "BL107", 28, "W"), diag(s, "BL113", 22, "W")])
     for p in confirmable_fixtures():
         from bertlint.engine import lint_python
 
@@ -220,6 +226,30 @@ def test_simulated_out_of_memory_gives_breakdown_and_levers(runs):
     assert res.report_json["crash"]["oom"] is True
     assert [lv["lever"].split()[0] for lv in oom["levers"]] == ["halve", "halve", "activation", "mixed", "optimizer"]
     assert "OUT OF MEMORY" in res.report_text
+
+
+def test_accelerate_hand_gate_inside_accumulate_never_steps(runs):
+    res = runs["acc_gate0"]
+    v = ver(res, "BL108")
+    assert v.status == "confirmed" and "0 optimizer steps (accumulation 4): no update at all" in v.evidence
+    assert "accumulate() synced after micro-batches [4, 8]" in v.evidence
+    assert ver(res, "BL109").status == "refuted"
+
+
+def test_accelerate_plain_backward_bypasses_the_division(runs):
+    res = runs["acc_backward"]
+    v = ver(res, "BL109")
+    assert v.status == "confirmed" and "9 of 9 backward calls bypassed accelerator.backward" in v.evidence
+    assert ver(res, "BL108").status == "refuted"
+
+
+def test_off_by_one_gate_and_deferred_backward(runs):
+    v = ver(runs["offbyone"], "BL107")
+    assert v.status == "confirmed" and "first optimizer step after 1 micro-batch, later ones after 4" in v.evidence
+    assert ver(runs["offbyone"], "BL113").status == "refuted"
+    v = ver(runs["deferred"], "BL113")
+    assert v.status == "confirmed" and v.evidence.startswith("4 training forwards per backward")
+    assert ver(runs["deferred"], "BL107").status == "inconclusive"
 
 
 @pytest.mark.parametrize("expect", [pytest.param(p, id=str(p.relative_to(ROOT))) for p in confirmable_fixtures()])

@@ -234,6 +234,8 @@ def check_bl107(run: Run, d) -> tuple:
         return INCONCLUSIVE, f"{run.ran_header()}: fewer than two optimizer steps observed"
     first, rest = sizes[0], sizes[1:]
     k = Counter(rest).most_common(1)[0][0]
+    if k <= 1:
+        return INCONCLUSIVE, f"{run.ran_header()}: one micro-batch per update, no accumulation window observed"
     if first < k:
         return CONFIRMED, (f"first optimizer step after {first} micro-batch{'es' if first > 1 else ''}, later ones "
                            f"after {', '.join(map(str, rest[:4]))}: the first update sees {first} of {k}")
