@@ -1,0 +1,178 @@
+"""The verifier's decision logic and its measuring pieces, in-process and fast: the loss-scale reading on real
+autograd graphs, the saved-for-backward accounting, and the per-rule confirm/refute decisions on records shaped
+exactly as the child process writes them (for the frameworks this CPU machine cannot run: DeepSpeed, CUDA fp16)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bertlint.types import Diagnostic, Position, Severity
+from bertlint.verify._report import _growth, levers, memory_report
+from bertlint.verify._rules import Run, runtime_findings, verify_diagnostic
+
+torch = pytest.importorskip("torch")
+
+
+def d(code, row=10, sev="E", **data):
+    return Diagnostic(code, code.lower(), Severity(sev), "m", "/x/train.py", Position(row, 1), Position(row, 2),
+                      data=data)
+
+
+def rec(**kw):
+    base = {"rank": 0, "status": "stopped", "stop_reason": "bound", "microbatches": 9, "optimizer_steps": 2,
+            "counts": {"backward": 9}, "windows": [], "backwards": [], "script": "/x/train.py"}
+    base.update(kw)
+    return base
+
+
+def win(index, mb, since, in_grad=None, **kw):
+    return {"opt": 1, "index": index, "mb": mb, "since_step": since, "in_grad": since if in_grad is None else in_grad,
+            **kw}
+
+
+# ---- measuring pieces (real torch) ----------------------------------------------------------------------------
+
+
+def test_loss_factor_reads_the_division_between_criterion_and_backward():
+    from bertlint.verify._hooks import _loss_factor
+
+    x = torch.randn(4, 3, requires_grad=True)
+    y = torch.tensor([0, 1, 2, 0])
+    crit = torch.nn.functional.cross_entropy(x, y)
+    assert _loss_factor((crit / 4).grad_fn, [crit.grad_fn]) == (0.25, "NllLossBackward0")
+    assert _loss_factor((crit * 0.5 / 4).grad_fn, [])[0] == pytest.approx(0.125)  # stops at the loss node
+    assert _loss_factor(crit.grad_fn, [])[0] == 1.0
+    # a sum-type "loss" with an unknown normaliser: not read
+    assert _loss_factor((x.sum() / 7).grad_fn, [])[0] is None
+
+
+def test_saved_tensor_accounting_counts_activations_and_releases_them():
+    from bertlint.verify._memory import MemoryTracker
+
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    t = MemoryTracker()
+    t.track_params(m.parameters())
+    t.install()
+    try:
+        out = m(torch.randn(32, 64)).sum()
+        alive = t.act_bytes
+        assert alive >= 32 * 64 * 4 + 32 * 256 * 4  # the input and the ReLU output at least; weights excluded
+        cats = t.categories()
+        assert cats["parameters"] == sum(p.numel() * 4 for p in m.parameters()) and cats["gradients"] == 0
+        out.backward()
+        assert t.act_bytes == 0
+        assert t.categories()["gradients"] == cats["parameters"]
+    finally:
+        t._ctx.__exit__(None, None, None)
+
+
+# ---- decisions ---------------------------------------------------------------------------------------------------
+
+
+def test_double_division_confirmed_and_single_refuted():
+    bw = [{"factor": 1 / 16, "loss": 0.04} for _ in range(8)]
+    run = Run([rec(accumulation=4, backwards=bw, windows=[win(1, 4, 4), win(2, 8, 4)])], None)
+    st, ev = verify_diagnostic(run, d("BL104"), [])
+    assert st == "confirmed" and "1/4²" in ev
+    bw = [{"factor": 0.25} for _ in range(8)]
+    run = Run([rec(accumulation=4, backwards=bw, windows=[win(1, 4, 4), win(2, 8, 4)])], None)
+    assert verify_diagnostic(run, d("BL104"), [])[0] == "refuted"
+
+
+def test_unscaled_loss_with_accumulation_confirms_bl103():
+    bw = [{"factor": 1.0} for _ in range(8)]
+    run = Run([rec(backwards=bw, windows=[win(1, 4, 4), win(2, 8, 4)])], None)
+    st, ev = verify_diagnostic(run, d("BL103", sev="W"), [])
+    assert st == "confirmed" and "the update is 4× the mean gradient" in ev
+
+
+def test_step_counter_counting_microbatches_bl110():
+    lines = ["x"] * 9 + ["    global_step += 1"]
+    watch = {"global_step": [[i, i // 4, i] for i in range(1, 10)]}
+    run = Run([rec(watch=watch)], None)
+    st, ev = verify_diagnostic(run, d("BL110", sev="W"), lines)
+    assert st == "confirmed" and "`global_step` advanced 8 times over 8 micro-batches while 2 optimizer steps" in ev
+    watch = {"global_step": [[i, i // 4, i // 4] for i in range(1, 10)]}
+    assert verify_diagnostic(Run([rec(watch=watch)], None), d("BL110", sev="W"), lines)[0] == "refuted"
+
+
+def test_deepspeed_engine_step_behind_a_gate_bl115():
+    ds = {"backward": 9, "step": 2, "gas": 4, "global_steps": 0, "micro_steps": 2, "records": []}
+    st, ev = verify_diagnostic(Run([rec(deepspeed=ds)], None), d("BL115"), [])
+    assert st == "confirmed" and "9 engine.backward calls, 2 engine.step calls" in ev and "expected 2" in ev
+    ds = {"backward": 9, "step": 9, "gas": 4, "global_steps": 2, "micro_steps": 9, "records": []}
+    assert verify_diagnostic(Run([rec(deepspeed=ds)], None), d("BL115"), [])[0] == "refuted"
+
+
+def test_fp16_weights_under_a_grad_scaler_bl204_and_the_crash_text():
+    r = rec(dtypes={"trainable": {"float16": 1000}}, counts={"backward": 2, "scaler_scale": 2})
+    assert verify_diagnostic(Run([r], None), d("BL204"), [])[0] == "confirmed"
+    assert [f["code"] for f in runtime_findings(Run([dict(r, scaler=[{"k": "scaler_scale", "line": ["/x/train.py", 7]}])], None), set())] == ["BL204"]
+    r = rec(dtypes={"trainable": {"float32": 1000}})
+    assert verify_diagnostic(Run([r], None), d("BL204"), [])[0] == "refuted"
+    crash = {"type": "ValueError", "message": "Attempting to unscale FP16 gradients.", "user_frame": ["/x/train.py", 30]}
+    st, ev = verify_diagnostic(Run([rec(microbatches=1, crash=crash, status="crashed")], None), d("BL204"), [])
+    assert st == "confirmed" and "Attempting to unscale FP16 gradients" in ev and "train.py:30" in ev
+
+
+def test_pure_bf16_weights_bl205():
+    ch = [{"elements": 1000, "unchanged": 720, "fraction_unchanged": 0.72}]
+    st, ev = verify_diagnostic(Run([rec(bf16_changes=ch, windows=[win(1, 1, 1, lr=2e-5)])], None), d("BL205", sev="W"), [])
+    assert st == "confirmed" and "72%" in ev
+    ch = [{"elements": 1000, "unchanged": 10, "fraction_unchanged": 0.01}]
+    assert verify_diagnostic(Run([rec(bf16_changes=ch)], None), d("BL205", sev="W"), [])[0] == "refuted"
+
+
+def test_scaler_update_without_step_bl202():
+    sc = [{"k": "scaler_scale"}, {"k": "scaler_update"}, {"k": "scaler_scale"}, {"k": "scaler_step"},
+          {"k": "scaler_update"}]
+    st, ev = verify_diagnostic(Run([rec(scaler=sc)], None), d("BL202"), [])
+    assert st == "confirmed" and "1 updates" in ev
+    sc = [{"k": "scaler_scale"}, {"k": "scaler_unscale"}, {"k": "scaler_step"}, {"k": "scaler_update"}]
+    assert verify_diagnostic(Run([rec(scaler=sc)], None), d("BL202"), [])[0] == "refuted"
+
+
+def test_crash_texts_confirm_configuration_rules_and_others_stay_inconclusive():
+    crash = {"type": "TypeError", "message": "MyTrainer.compute_loss() got an unexpected keyword argument "
+             "'num_items_in_batch'", "user_frame": ["/x/train.py", 50]}
+    run = Run([rec(microbatches=0, optimizer_steps=0, crash=crash, status="crashed")], None)
+    assert verify_diagnostic(run, d("BL404"), [])[0] == "confirmed"
+    st, ev = verify_diagnostic(run, d("BL101"), [])
+    assert st == "inconclusive" and "crashed" in ev
+    assert verify_diagnostic(run, d("BL406", sev="W"), [])[0] == "not-run"
+
+
+def test_no_training_step_is_inconclusive_with_the_reason():
+    run = Run([rec(microbatches=0, optimizer_steps=0, status="stopped", stop_reason="timeout")], None)
+    st, ev = verify_diagnostic(run, d("BL102"), [])
+    assert st == "inconclusive" and "--verify-timeout" in ev
+
+
+def test_growth_rate_and_levers_order():
+    samples = [{"event": "backward-end", "microbatch": i, "step": 0, "gradients": 10, "optimizer_states": 0,
+                "activations": 1000 + 50000 * i, "total": 1010 + 50000 * i} for i in range(1, 8)]
+    g = _growth(samples, [])
+    assert "activations" in g["growing"] and g["growing"]["activations"]["bytes_per_unit"] == pytest.approx(50000)
+    flat = [dict(s, activations=1000, total=1010) for s in samples]
+    assert _growth(flat, [])["growing"] == {}
+    lv = levers({"activations": 8 << 20, "parameters": 4 << 20, "gradients": 4 << 20, "optimizer_states": 8 << 20},
+                Run([rec(accumulation=4, dtypes={"all": {"float32": 10}})], None))
+    assert [x["saves_bytes"] for x in lv] == [4 << 20, 4 << 20, int((8 << 20) * 0.85), 4 << 20, 4 << 20]
+    crash = {"type": "OutOfMemoryError", "message": "CUDA out of memory", "oom": True, "phase": "backward",
+             "memory": {"activations": 8 << 20, "parameters": 1, "gradients": 1, "optimizer_states": 1}}
+    m = memory_report(Run([rec(crash=crash, memory={"samples": samples, "phase_peaks": {}})], None))
+    assert m["oom"]["phase"] == "backward" and m["oom"]["levers"][0]["lever"].startswith("halve the micro-batch")
+
+
+def test_diverging_ranks_confirm_bl114_error_and_identical_ranks_refute_it():
+    w0 = [win(1, 4, 4, sync_passes=0, grad_checksum=0.5), win(2, 8, 4, sync_passes=0, grad_checksum=0.7)]
+    w1 = [win(1, 4, 4, sync_passes=0, grad_checksum=0.4), win(2, 8, 4, sync_passes=0, grad_checksum=0.9)]
+    ddp = {"world_size": 2}
+    run = Run([rec(windows=w0, ddp=ddp), rec(rank=1, windows=w1, ddp=ddp)], None)
+    st, ev = verify_diagnostic(run, d("BL114"), [])
+    assert st == "confirmed" and "replicas diverge" in ev
+    w1 = [dict(w, grad_checksum=w0[i]["grad_checksum"], sync_passes=1) for i, w in enumerate(w1)]
+    w0 = [dict(w, sync_passes=1) for w in w0]
+    run = Run([rec(windows=w0, ddp=ddp), rec(rank=1, windows=w1, ddp=ddp)], None)
+    assert verify_diagnostic(run, d("BL114"), [])[0] == "refuted"
+    assert verify_diagnostic(run, d("BL114", sev="W"), [])[0] == "refuted"
