@@ -919,3 +919,107 @@ def test_bl502_same_file_decorators_and_managers():
                 for b in loader:
                     model(**b)
         """)
+
+
+def test_real_world_correct_patterns_are_silent():
+    check("""
+        import torch
+        import torch.nn.functional as F
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+
+        def no_trainer_eval(model, eval_dataloader, metric):
+            model.eval()
+            losses = []
+            for step, batch in enumerate(eval_dataloader):
+                with torch.no_grad():
+                    outputs = model(**batch)
+                loss = outputs.loss
+                losses.append(accelerator.gather_for_metrics(loss.repeat(8)))
+                predictions = outputs.logits.argmax(dim=-1)
+                predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
+                metric.add_batch(predictions=predictions, references=references)
+            return torch.cat(losses)
+
+        def no_trainer_train(model, train_dataloader, optimizer, lr_scheduler):
+            model.train()
+            total_loss = 0
+            for step, batch in enumerate(train_dataloader):
+                with accelerator.accumulate(model):
+                    outputs = model(**batch)
+                    loss = outputs.loss
+                    total_loss += loss.detach().float()
+                    accelerator.backward(loss)
+                    optimizer.step()
+                    lr_scheduler.step()
+                    optimizer.zero_grad()
+            return total_loss
+
+        def repackage_hidden(h):
+            if isinstance(h, torch.Tensor):
+                return h.detach()
+            return tuple(repackage_hidden(v) for v in h)
+
+        def word_lm_train(model, data, optimizer, criterion):
+            model.train()
+            total_loss = 0.
+            hidden = model.init_hidden(20)
+            for i, (x, y) in enumerate(data):
+                hidden = repackage_hidden(hidden)
+                model.zero_grad()
+                output, hidden = model(x, hidden)
+                loss = criterion(output, y)
+                loss.backward()
+                optimizer.step()
+                total_loss += loss.item()
+
+        def mnist_test(model, device, test_loader):
+            model.eval()
+            test_loss = 0
+            correct = 0
+            with torch.no_grad():
+                for data, target in test_loader:
+                    data, target = data.to(device), target.to(device)
+                    output = model(data)
+                    test_loss += F.nll_loss(output, target, reduction='sum').item()
+                    pred = output.argmax(dim=1, keepdim=True)
+                    correct += pred.eq(target.view_as(pred)).sum().item()
+            return test_loss, correct
+
+        def kaggle_eval_fn(data_loader, model, device):
+            model.eval()
+            fin_targets, fin_outputs = [], []
+            with torch.no_grad():
+                for bi, d in enumerate(data_loader):
+                    outputs = model(ids=d["ids"], mask=d["mask"])
+                    fin_targets.extend(d["targets"].cpu().detach().numpy().tolist())
+                    fin_outputs.extend(torch.sigmoid(outputs).cpu().detach().numpy().tolist())
+            return fin_outputs, fin_targets
+
+        def old_bert_eval(model, eval_dataloader):
+            model.eval()
+            eval_loss = 0
+            for input_ids, input_mask, segment_ids, label_ids in eval_dataloader:
+                with torch.no_grad():
+                    tmp_eval_loss = model(input_ids, segment_ids, input_mask, label_ids)
+                    logits = model(input_ids, segment_ids, input_mask)
+                logits = logits.detach().cpu().numpy()
+                eval_loss += tmp_eval_loss.mean().item()
+            return eval_loss
+
+        def reinforce(policy, env, optimizer):
+            policy.eval()
+            log_probs, rewards = [], []
+            obs = env.reset()
+            for t in range(100):
+                dist = policy(obs)
+                action = dist.sample()
+                log_probs.append(dist.log_prob(action))
+                obs, r, done, _ = env.step(action)
+                rewards.append(r)
+            loss = -(torch.stack(log_probs) * torch.tensor(rewards)).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """)

@@ -56,7 +56,7 @@ _NOT_MODEL_TOKENS = {
 _MODEL_CTOR = re.compile(
     r"(^AutoModel|Model$|Model[A-Z]|For[A-Z]|LMHead|^DistributedDataParallel$|^DataParallel$|^DDP$|"
     r"^FullyShardedDataParallel$|^FSDP$|^PeftModel|^get_peft_model$|^prepare_model_for_kbit_training$|"
-    r"^SentenceTransformer$|^compile$|^unwrap_model$|Classifier$|Net$|Encoder$|Transformer$)"
+    r"^SentenceTransformer$|^unwrap_model$|Classifier$|Net$|Encoder$|Transformer$)"
 )
 _NOT_MODEL_CTOR = re.compile(r"(Tokenizer|Processor|Config|FeatureExtractor|ImageProcessor|Collator|Dataset|Args)")
 
@@ -103,7 +103,7 @@ _FRAMEWORK_EVAL_METHODS = {
     "on_predict_epoch_end", "on_predict_batch_end", "prediction_step", "evaluation_loop", "prediction_loop",
     "evaluate", "predict",
 }
-_FRAMEWORK_BASES = re.compile(r"(LightningModule|Trainer|Callback|LightningDataModule|TrainerCallback)$")
+_FRAMEWORK_BASES = re.compile(r"(LightningModule|Trainer|Callback|LightningDataModule|TrainerCallback|Pipeline|Evaluator|Predictor)$")
 
 
 def final(name: Optional[str]) -> str:
@@ -627,6 +627,8 @@ class EvalFlow:
             return False
         if _NOT_MODEL_CTOR.search(last):
             return False
+        if last == "compile" and not (q or "").startswith("torch"):
+            return None
         if last in ("unwrap_model", "compile", "DistributedDataParallel", "DataParallel", "DDP",
                     "FullyShardedDataParallel", "FSDP", "get_peft_model", "prepare_model_for_kbit_training"):
             return True
