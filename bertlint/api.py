@@ -173,5 +173,12 @@ def _check_text(res: FileResult, path, text, enc, name, settings, fix, unsafe, w
             from bertlint.fixes import atomic_write
             from bertlint.sources import encode
 
-            atomic_write(path, encode(new, enc))
+            try:
+                atomic_write(path, encode(new, enc))
+            except (OSError, UnicodeEncodeError) as e:
+                res.warnings.append(f"{name}: cannot write the fixes: {e}")
+                res.applied = []
+                res.fixed_text = None
+                res.source = text
+                res.diagnostics = lint_text(text, name, settings)
     return res

@@ -459,10 +459,17 @@ def _settings_for(o: Options, path: str, cache: dict):
 
 
 def _work(task):
-    from bertlint.api import check_file
+    from bertlint.api import FileResult, check_file
 
     path, settings, fix, unsafe, write = task
-    return check_file(path, settings, fix=fix, unsafe=unsafe, write=write)
+    try:
+        return check_file(path, settings, fix=fix, unsafe=unsafe, write=write)
+    except Exception as e:  # never a traceback: the file is reported as not checked, the others go on
+        if os.environ.get("BERTLINT_DEBUG"):
+            raise
+        r = FileResult(path)
+        r.warnings.append(f"{path}: internal error, file not checked: {type(e).__name__}: {e} (please report it)")
+        return r
 
 
 def run(o: Options) -> int:
@@ -494,7 +501,13 @@ def run(o: Options) -> int:
 
     tasks = []
     stdin_task = None
+    seen: set = set()
     for path, explicit in discover([p for p in paths], excluded):
+        if path != "-":
+            key = os.path.realpath(path)
+            if key in seen:  # named twice (or a file and its folder): lint (and fix) it once
+                continue
+            seen.add(key)
         if path == "-":
             name = o.stdin_filename or "-"
             stdin_task = (name, _settings_for(o, o.stdin_filename or os.path.join(os.getcwd(), "stdin.py"), cache))

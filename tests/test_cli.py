@@ -381,3 +381,22 @@ def test_python_m_bertlint_process(tmp_path):
     assert p.returncode == 1 and p.stdout.startswith(f"{bad}:2:7: BL001 SyntaxError") and p.stderr == ""
     p = subprocess.run([sys.executable, "-m", "bertlint", str(tmp_path / "nope.py")], capture_output=True, text=True)
     assert p.returncode == 2 and "no such file or directory" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_file_named_twice_is_linted_once(tmp_path, capsys):
+    f = write(tmp_path, "a.py", "import torch\nold_api()\n")
+    rc, out, _ = run(capsys, *SEL, "--output-format", "json", f, f, str(tmp_path))
+    assert len(json.loads(out)) == 1
+
+
+def test_unwritable_file_is_a_warning(tmp_path, capsys, monkeypatch):
+    f = write(tmp_path, "a.py", "import torch\nold_api()\n")
+
+    def deny(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("bertlint.fixes.atomic_write", deny)
+    rc, out, err = run(capsys, *SEL, "--fix", "--output-format", "concise", f)
+    assert rc == 1 and open(f).read() == "import torch\nold_api()\n"
+    assert f"warning: {f}: cannot write the fixes: [Errno 13] Permission denied" in err
+    assert "old_api() is gone" in out
