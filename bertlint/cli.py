@@ -246,10 +246,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("bertlint: interrupted\n")
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # `bertlint . | head`: stop quietly (no "Exception ignored" at exit)
         try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
             pass
         return 1
 
