@@ -163,6 +163,8 @@ class Gate:
     - ``last``: only an end-of-data test (``i + 1 == len(dl)``)
     - ``invariant``: a test on names the loop never assigns (``if args.fp16``): no effect on frequency
     - ``loop``: the event sits in a nested loop
+    - ``window``: window-loop style (``for micro in range(N): ... backward`` then the step): the event runs once
+      per outer iteration, i.e. once per window
     - ``unknown``: anything else
     """
 
@@ -179,14 +181,14 @@ class Gate:
 
     @property
     def is_frequency(self) -> bool:
-        return self.kind in ("modulo", "sync", "boundary", "counter")
+        return self.kind in ("modulo", "sync", "boundary", "counter", "window")
 
     @property
     def on_boundary(self) -> bool:
         """True when the gate fires on the window's last micro-batch (not on the others)."""
         if self.kind == "modulo":
             return self.eq_zero != self.negated
-        if self.kind in ("sync", "boundary", "counter"):
+        if self.kind in ("sync", "boundary", "counter", "window"):
             return not self.negated
         return False
 
@@ -295,6 +297,8 @@ class TrainingLoop:
     accumulate_calls: list = field(default_factory=list)  # the ``accelerator.accumulate(...)`` calls
     callees: list = field(default_factory=list)  # same-file functions walked as part of the body
     no_sync_gates: dict = field(default_factory=dict)  # id(with) -> gates of the with statement
+    window_of: Optional[cst.CSTNode] = None  # window-loop style: the inner micro-batch loop
+    window_range: Optional[cst.BaseExpression] = None  # ``N`` of ``for micro in range(N)``
     accelerate_receivers: set = field(default_factory=set)
     test_seq: dict = field(default_factory=dict)  # id(gate node) -> seq of the test
     file: Optional["FileLoops"] = None
@@ -371,6 +375,8 @@ class TrainingLoop:
             cands.append(f.factor(d.divisor, "division", self.func))
         if self.owner in ("accelerate", "accelerate-manual") and f.accelerator_ga is not None:
             cands.append(f.accelerator_ga)
+        if self.window_range is not None:
+            cands.append(f.factor(self.window_range, "window", self.func))
         for c in cands:
             if c.value is not None and c.value > 1:
                 return c
@@ -854,7 +860,27 @@ class FileLoops:
                 continue
             loop = TrainingLoop(node, func, cls, outer=[o for o in outer if id(o) in with_bw_ids], file=self)
             _LoopWalker(self, loop).run()
+            if not loop.of("opt_step", "scaler_step", "engine_step") and outer:
+                window = self._window_model(loop, outer[-1], func, cls, outer[:-1], with_bw_ids)
+                if window is not None:
+                    self.loops.append(window)
+                    continue
             self.loops.append(loop)
+
+    def _window_model(self, inner: "TrainingLoop", parent: LoopNode, func, cls, outer, with_bw_ids):
+        """``for step ...: for micro in range(N): ...backward()`` then ``optimizer.step()`` in the parent: model the
+        parent loop, events inside the micro-batch loop run per micro-batch, the others once per window."""
+        if not isinstance(inner.node, cst.For):
+            return None
+        w = TrainingLoop(parent, func, cls, outer=[o for o in outer if id(o) in with_bw_ids], file=self)
+        w.window_of = inner.node
+        it = inner.node.iter
+        if isinstance(it, cst.Call) and (call_name(it) or "") == "range" and len(it.args) == 1:
+            w.window_range = it.args[0].value
+        _LoopWalker(self, w, micro=inner.node).run()
+        if not w.of("opt_step", "scaler_step", "engine_step"):
+            return None
+        return w
 
     def _has_backward(self, node: cst.CSTNode, cls, depth: int, seen: set) -> bool:
         key = id(node)
@@ -965,9 +991,10 @@ def _strip_parens(e: cst.BaseExpression) -> cst.BaseExpression:
 
 
 class _LoopWalker:
-    def __init__(self, f: FileLoops, loop: TrainingLoop) -> None:
+    def __init__(self, f: FileLoops, loop: TrainingLoop, micro: Optional[cst.CSTNode] = None) -> None:
         self.f = f
         self.loop = loop
+        self.micro = micro
         self.seq = 0
         self.loop_names = _assigned_names(loop.node)
         loop.assigned = self.loop_names
@@ -975,7 +1002,8 @@ class _LoopWalker:
     def run(self) -> None:
         loop = self.loop
         self._index()
-        self._block(_body_list(loop.node.body), (), False, False, (), loop.cls, loop.func, 0)
+        start = (Gate("window", None),) if self.micro is not None else ()
+        self._block(_body_list(loop.node.body), start, False, False, (), loop.cls, loop.func, 0)
         # counter initial values
         for c in loop.counters:
             assigns = [a for a in self.f.t.assignments_of(c.name, loop.func) if a.node is not None]
@@ -1078,6 +1106,10 @@ class _LoopWalker:
                 self._exprs(stmt.iter, stmt, block, gates, acc, nosync, via, cls, func, depth)
             else:
                 self._exprs(stmt.test, stmt, block, gates, acc, nosync, via, cls, func, depth)
+            if stmt is self.micro:
+                inner_gates = tuple(g for g in gates if g.kind != "window")
+                self._block(_body_list(stmt.body), inner_gates, acc, nosync, via, cls, func, depth)
+                return
             lg = Gate("loop", stmt)
             self._block(_body_list(stmt.body), gates + (lg,), acc, nosync, via, cls, func, depth)
             return

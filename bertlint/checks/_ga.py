@@ -199,7 +199,7 @@ def accum_gate(ctx, loop: TrainingLoop, g: Gate) -> bool:
     from bertlint.analysis.loops import ACCUM_RE
 
     if g.kind != "modulo" or g.modulus is None:
-        return g.kind in ("sync", "boundary", "counter")
+        return g.kind in ("sync", "boundary", "counter", "window")
     text = g.modulus_text or ""
     if ACCUM_RE.search(text):
         return True

@@ -23,7 +23,7 @@ def check(ctx) -> None:
         if not _ga.accum_gated(loop) or loop.divisions or not _ga.single_optimizer(loop):
             continue
         g = _ga.step_gate(loop)
-        if g is None or g.kind not in ("modulo", "counter"):
+        if g is None or g.kind not in ("modulo", "counter", "window"):
             continue
         acc = loop.accum()
         if acc is None or acc.value == 1:

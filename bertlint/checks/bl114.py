@@ -42,7 +42,7 @@ def check(ctx) -> None:
                 )
         if f.ddp_calls and not f.no_sync_used and _ga.accum_gated(loop) and "require_backward_grad_sync" not in ctx.source:
             g = _ga.step_gate(loop)
-            if g is None or g.kind not in ("modulo", "counter"):
+            if g is None or g.kind not in ("modulo", "counter", "window"):
                 continue
             bws = [b for b in loop.backwards if b.per_micro_batch]
             if not bws:
