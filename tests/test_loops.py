@@ -368,3 +368,25 @@ def test_fixes_remove_the_finding_and_keep_valid_code(name, code, unsafe):
     ast.parse(res.text)
     after = {d.code for d in lint_text(res.text, path) if d.code in LOOP_CODES}
     assert code not in after and not after
+
+
+def test_window_loop_style():
+    src = """
+    import torch
+    GA = 8
+    optimizer = torch.optim.AdamW(model.parameters())
+    while True:
+        for micro in range(GA):
+            loss = model(next(it)).loss / GA
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    """
+    f = model(src)
+    assert len(f) == 1
+    w = f.loops[0]
+    assert isinstance(w.node, cst.While) and w.window_of is not None
+    assert w.accum().value == 8
+    assert w.backwards[0].per_micro_batch
+    assert all(e.per_window for e in w.steps) and w.of("opt_zero")[0].per_window
+    assert codes(src) == []

@@ -168,7 +168,7 @@ def sched_length(f, recv: Optional[str]):
     elif name.startswith("get_") and "constant" not in name:
         expr = kwarg(call, "num_training_steps") or positional(call, 2)
     elif name == "OneCycleLR":
-        expr = kwarg(call, "total_steps")
+        expr = kwarg(call, "total_steps") or kwarg(call, "steps_per_epoch")
     elif name == "CosineAnnealingLR":
         expr = kwarg(call, "T_max") or positional(call, 1)
     elif name in ("LinearLR", "PolynomialLR", "ConstantLR"):
