@@ -1023,3 +1023,24 @@ def test_real_world_correct_patterns_are_silent():
             loss.backward()
             optimizer.step()
         """)
+
+
+def test_bl506_frozen_module_not_reported():
+    check("""
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+        from transformers import AutoModel
+
+        encoder = AutoModel.from_pretrained("bert-base-uncased")
+        encoder.requires_grad_(False)
+        head = nn.Linear(768, 2)
+        opt = torch.optim.AdamW(head.parameters())
+
+        with torch.inference_mode():
+            ids = torch.randint(0, 100, (32, 16))
+        for i in range(0, 32, 8):
+            feats = encoder(input_ids=ids[i:i + 8]).pooler_output
+            loss = head(feats).sum()
+            loss.backward()
+        """)

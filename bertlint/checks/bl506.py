@@ -24,7 +24,7 @@ from typing import Optional
 
 import libcst as cst
 
-from bertlint.analysis.evalflow import ENABLED, final, target_names
+from bertlint.analysis.evalflow import ENABLED, frozen, target_names
 from bertlint.analysis.symbols import dotted, literal
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
@@ -211,8 +211,8 @@ def _sink(flow, call: cst.Call, inf: dict) -> Optional[tuple[str, str]]:
     if not recv or recv.split(".")[0] in flow.symbols.imports:
         return None
     mk = flow.module_class(recv, flow.scope_of(call))
-    if mk is None:
-        return None
+    if mk is None or frozen(flow, recv):
+        return None  # unknown module, or frozen: nothing of it needs the input for a gradient
     pos = [a for a in call.args if a.keyword is None and not a.star]
     if mk == "hf":
         cands = [a for a in call.args if a.keyword is not None and a.keyword.value in _HF_KEYWORDS]
