@@ -159,7 +159,17 @@ def make_script(lines: int) -> str:
     return "".join(parts)
 
 
-async def measure(path: Path, text: str, runs: int, debounce_ms: int | None) -> list[float]:
+def _cpu_ms(pid: int) -> float | None:
+    """CPU time (user + system) the process has used so far, from /proc (Linux); None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def measure(path: Path, text: str, runs: int, debounce_ms: int | None, cpu: list[float] | None = None) -> list[float]:
     from lsprotocol import types
     from pygls.lsp.client import LanguageClient
 
@@ -207,6 +217,8 @@ async def measure(path: Path, text: str, runs: int, debounce_ms: int | None) -> 
             range=types.Range(types.Position(row, col + n), types.Position(row, col + n)), text="x"
         )
         events[version] = asyncio.Event()
+        pid = client._server.pid if getattr(client, "_server", None) else None
+        c0 = _cpu_ms(pid) if pid else None
         t0 = time.perf_counter()
         client.text_document_did_change(
             types.DidChangeTextDocumentParams(
@@ -217,6 +229,9 @@ async def measure(path: Path, text: str, runs: int, debounce_ms: int | None) -> 
         await asyncio.wait_for(events[version].wait(), 60)
         if n >= 2:
             times.append((arrived[version] - t0) * 1000)
+            c1 = _cpu_ms(pid) if pid else None
+            if cpu is not None and c0 is not None and c1 is not None:
+                cpu.append(c1 - c0)
         await asyncio.sleep(0.2)  # a pause between keystrokes, so that each change is linted on its own
     await client.shutdown_async(None)
     client.exit(None)
@@ -309,9 +324,10 @@ def main() -> int:
               f"({', '.join(sorted({d.code for d in diags})) or 'none'})")
 
         inproc, inproc_cpu = [], []
-        for _ in range(a.runs):
+        for n in range(a.runs):
+            variant = text + "#" + "x" * n + "\n"  # a new text each time, as in the server
             t0, c0 = time.perf_counter(), time.thread_time()
-            api.lint_text(text, str(path))
+            api.lint_text(variant, str(path))
             inproc.append((time.perf_counter() - t0) * 1000)
             inproc_cpu.append((time.thread_time() - c0) * 1000)
 
@@ -322,7 +338,8 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "bertlint", str(path)], capture_output=True, env=env, cwd=tmp)
             cli.append((time.perf_counter() - t0) * 1000)
 
-        default = asyncio.run(measure(path, text, a.runs, None))
+        server_cpu: list[float] = []
+        default = asyncio.run(measure(path, text, a.runs, None, server_cpu))
         zero = asyncio.run(measure(path, text, a.runs, 0))
 
     parts = breakdown(text, "train_large.py")
@@ -331,6 +348,8 @@ def main() -> int:
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(summary(f"didChange -> publishDiagnostics (debounce {DEFAULT_DEBOUNCE_MS} ms)", default))
     print(summary("didChange -> publishDiagnostics (debounce 0)", zero))
+    if server_cpu:
+        print(summary("server CPU time per change (whole process)", server_cpu))
     print(summary("in-process api.lint_text (warm), wall", inproc))
     print(summary("in-process api.lint_text (warm), CPU time", inproc_cpu))
     print(summary("whole `bertlint FILE` process (cold)", cli))
