@@ -118,7 +118,7 @@ def test_hover_text_has_the_summary():
     plain = convert.hover_plain("BL101")
     assert plain.startswith(f"BL101 {meta.name}: {meta.summary}")
     if convert.page_path("BL101") is not None:
-        assert "## What it finds" in md and "## Why it matters" not in md
+        assert "**What it finds**" in md and "Why it matters" not in md
 
 
 def test_positions_count_lines_as_lsp_and_libcst_do():

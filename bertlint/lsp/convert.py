@@ -103,8 +103,8 @@ def rule_meta(code: str):
 
 
 def page_intro(code: str, limit: int = 900) -> str:
-    """The start of the rule's page: its first section (``## What it finds``), cut at ``limit``
-    characters on a paragraph or line boundary."""
+    """The start of the rule's page: its opening lines and first section (``## What it finds``, its
+    heading made bold), cut at ``limit`` characters on a paragraph or line boundary."""
     p = page_path(code)
     if p is None:
         return ""
@@ -123,6 +123,7 @@ def page_intro(code: str, limit: int = 900) -> str:
             if seen_section:
                 break
             seen_section = True
+            ln = f"**{ln[3:].strip()}**"  # a heading is too loud in a hover
         body.append(ln)
     intro = "\n".join(body).strip()
     if len(intro) > limit:
