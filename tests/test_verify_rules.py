@@ -66,6 +66,27 @@ def test_saved_tensor_accounting_counts_activations_and_releases_them():
         t._ctx.__exit__(None, None, None)
 
 
+def test_accounting_keeps_no_graph_alive_and_keeps_the_inplace_error():
+    from bertlint.verify._memory import MemoryTracker
+
+    m = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    t = MemoryTracker()
+    t.install()
+    try:
+        for _ in range(3):  # evaluation with grad on, nothing kept by the caller
+            out = m(torch.randn(16, 8))
+        assert t.act_bytes == sum(x[1] for x in t.saved.values()) and len(t.saved) <= 3
+        del out
+        assert t.act_bytes == 0
+        y = torch.randn(3, requires_grad=True)
+        z = y.exp()
+        z.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            z.sum().backward()
+    finally:
+        t._ctx.__exit__(None, None, None)
+
+
 # ---- decisions ---------------------------------------------------------------------------------------------------
 
 

@@ -137,6 +137,8 @@ class Recorder:
         self.backwards: list[dict] = []
         self.forwards: list[dict] = []
         self.fwd_lines: Counter = Counter()
+        self.fwd_backprop: Counter = Counter()
+        self._fwd_keys_since_bwd: list = []
         self.eval_forwards = 0
         self.eval_grad_forwards = 0
         self.eval_no_backward_run = 0
@@ -328,8 +330,8 @@ class Recorder:
                 finally:
                     rec._depth -= 1
                 if isinstance(self, torch.nn.modules.loss._Loss) and isinstance(out, torch.Tensor):
-                    if out.grad_fn is not None:
-                        rec._loss_nodes.append(out.grad_fn)
+                    if out.grad_fn is not None and rec.train_forwards_since_bwd:
+                        rec._add_loss_node(out.grad_fn)
                 return out
             return rec._top_forward(self, orig, args, kwargs)
 
@@ -398,11 +400,15 @@ class Recorder:
                 loss = out[0]
         except Exception:
             loss = None
-        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
-            self._loss_nodes.append(loss.grad_fn)
+        if train_fwd and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+            self._add_loss_node(loss.grad_fn)
         if train_fwd:
             self.train_forwards_since_bwd += 1
+        if grad:
             self._last_fwd_backpropagated = False
+            key = (tuple(line) if line else None, training, grad)
+            if len(self._fwd_keys_since_bwd) < 64:
+                self._fwd_keys_since_bwd.append(key)
         s = self.mem.phase_end(phase, self.mb, self.opt_steps)
         if not training:
             self.eval_forwards += 1
@@ -410,6 +416,12 @@ class Recorder:
                 self.eval_grad_forwards += 1
             rec["saved_bytes_alive"] = s.get("activations")
             self._scan_locals(self.user_frame_for(line), "eval")
+
+    def _add_loss_node(self, node) -> None:
+        # only training forwards' losses (eval graphs must not be kept alive by the verifier), at most 16
+        self._loss_nodes.append(node)
+        if len(self._loss_nodes) > 16:
+            del self._loss_nodes[0]
 
     def user_frame_for(self, line):
         f = sys._getframe(1)
@@ -542,6 +554,9 @@ class Recorder:
         self._ddp_pending_sync = None
         self.train_forwards_since_bwd = 0
         self._loss_nodes = []
+        for key in self._fwd_keys_since_bwd:
+            self.fwd_backprop[key] += 1
+        self._fwd_keys_since_bwd = []
         self._last_fwd_backpropagated = True
         self.ev("backward", line=line)
         self.mem.sample("backward-start", self.mb, self.opt_steps, "backward")
@@ -1150,7 +1165,8 @@ class Recorder:
             "windows": self.windows,
             "backwards": self.backwards,
             "forwards": self.forwards[:400],
-            "forward_lines": [[list(k[0]) if k[0] else None, k[1], k[2], v] for k, v in self.fwd_lines.items()],
+            "forward_lines": [[list(k[0]) if k[0] else None, k[1], k[2], v, self.fwd_backprop.get(k, 0)]
+                              for k, v in self.fwd_lines.items()],
             "eval_forwards": self.eval_forwards,
             "eval_grad_forwards": self.eval_grad_forwards,
             "eval_no_backward_run": self.eval_no_backward_run,

@@ -26,12 +26,13 @@ def _storage_key(t) -> Optional[tuple]:
 
 
 class _Saved:
-    __slots__ = ("t", "key", "tracker", "__weakref__")
+    __slots__ = ("t", "key", "tracker", "v", "__weakref__")
 
     def __init__(self, t, key, tracker):
         self.t = t
         self.key = key
         self.tracker = tracker
+        self.v = t._version
 
     def __del__(self):
         tr = self.tracker
@@ -106,11 +107,23 @@ class MemoryTracker:
         self._packs += 1
         if self.limit and (self._packs & 15) == 0 and self.act_bytes + self.static_bytes > self.limit:
             self.limit_hit()
-        return _Saved(t, key, self)
+        # detach(): same storage and version counter, no grad_fn, so a saved *output* does not form a cycle
+        # (tensor -> grad_fn -> saved hook object -> tensor) that would keep every graph alive
+        return _Saved(t.detach(), key, self)  # noqa: the version counter is shared with t
 
     @staticmethod
     def _unpack(obj):
-        return obj.t if isinstance(obj, _Saved) else obj
+        if not isinstance(obj, _Saved):
+            return obj
+        t = obj.t
+        if t._version != obj.v:
+            # torch skips its own in-place check when saved-tensor hooks are installed: keep the error the
+            # script would raise without the verifier
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {obj.v} instead."
+            )
+        return t
 
     def limit_hit(self) -> None:
         limit = self.limit

@@ -604,6 +604,11 @@ def check_bl501(run: Run, d) -> tuple:
         return CONFIRMED, (f"saved-for-backward bytes alive grew {mib(eg[0])} → {mib(eg[1])} across evaluation "
                            f"forwards (+{mib(eg[2])} per batch): every batch's activations stay alive")
     seen = acc and any(k.split("@")[0] == acc for k in (run.r.get("locals_graph") or {}))
+    evaluation = bool(d.data.get("evaluation")) if isinstance(d.data, dict) else False
+    n_eval = run.r.get("eval_forwards") or 0
+    if evaluation and not seen and n_eval >= 3 and not eg:
+        return REFUTED, (f"over {n_eval} evaluation forwards no variable{' `' + acc + '`' if acc else ''} held a "
+                         f"graph-carrying tensor and the saved-for-backward bytes alive did not grow")
     if seen:
         return REFUTED, f"`{acc}` held a graph-carrying value but it did not grow across the run"
     return INCONCLUSIVE, (f"no growing autograd graph held by the script's variables was observed"
@@ -617,8 +622,11 @@ def check_bl502(run: Run, d) -> tuple:
     here = [x for x in evals if x[0] and x[0][1] in rows] or evals
     if not here:
         return INCONCLUSIVE, f"no evaluation forward (model in eval mode) ran within the bound ({_stop_text(run.r)})"
-    with_grad = sum(x[3] for x in here if x[2])
-    total = sum(x[3] for x in here)
+    # eval-mode forwards with grad on that fed a backward are training in eval mode, not evaluation
+    with_grad = sum(x[3] - (x[4] if len(x) > 4 else 0) for x in here if x[2])
+    total = sum(x[3] - (x[4] if len(x) > 4 and x[2] else 0) for x in here)
+    if total <= 0:
+        return INCONCLUSIVE, "the eval-mode forwards observed all fed a backward (training with model.eval())"
     per = [f.get("saved_bytes_alive") for f in run.r.get("forwards") or [] if not f.get("training") and f.get("grad")]
     where = ", ".join(sorted({fl(x[0]) for x in here if x[0]}))
     if with_grad:
