@@ -506,6 +506,7 @@ async def test_real_rule_fixes_bl206(tmp_path, shared):
     uri = open_doc(client, path, AMP)
     diags = await wait_for(client, uri, lambda ds: codes(ds).count("BL206") == 2)
     first = min((d for d in diags if d.code == "BL206"), key=lambda d: d.range.start.line)
+    assert list(first.tags) == [types.DiagnosticTag.Deprecated]  # editors strike deprecated APIs through
     actions = await code_actions(client, uri, first.range, only=[types.CodeActionKind.QuickFix])
     fix = next(a for a in actions if a.title.startswith("Fix BL206"))
     assert fix.is_preferred

@@ -44,6 +44,9 @@ FIX_ALL_KIND = "source.fixAll.bertlint"
 SOURCE = "bertlint"
 CONFIG_NAMES = ("pyproject.toml", "bertlint.toml")
 
+# Rules about deprecated, renamed or removed framework APIs: editors strike the flagged code through.
+_DEPRECATED_API_RULES = {"BL206", "BL305", "BL407"}
+
 _SEVERITY = {
     Severity.ERROR: types.DiagnosticSeverity.Error,
     Severity.WARNING: types.DiagnosticSeverity.Warning,
@@ -321,6 +324,7 @@ class BertlintServer(LanguageServer):
             code=d.code,
             code_description=types.CodeDescription(href=page.as_uri()) if page else None,
             source=SOURCE,
+            tags=[types.DiagnosticTag.Deprecated] if d.code in _DEPRECATED_API_RULES else None,
             data=data,
         )
 
