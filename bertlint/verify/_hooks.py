@@ -676,20 +676,7 @@ class Recorder:
                 w["_before"] = p.detach().clone()
             except Exception:
                 pass
-        try:
-            # cross-rank checksum: the sum of the gradients of up to 4 small parameters (cheap at any model size)
-            small = []
-            for g in opt.param_groups:
-                for q in g["params"]:
-                    if q.grad is not None and q.numel() <= (1 << 20):
-                        small.append(q)
-                        if len(small) >= 4:
-                            break
-                if len(small) >= 4:
-                    break
-            w["grad_checksum"] = sum(float(q.grad.detach().float().sum()) for q in small) if small else None
-        except Exception:
-            pass
+        w["grad_checksum"] = _grad_checksum(opt)
         if self.world > 1 or self.ddp:
             w["rank"] = self.rank
         if len(self.bf16_changes) < 2:
@@ -702,6 +689,14 @@ class Recorder:
         w = getattr(self, "_cur_window", None)
         self.opt_steps += 1
         self.step_marks.append(self.mb)
+        if w is not None and w.get("opt") == oid and self.mb != w["mb"]:
+            # the backward ran inside optimizer.step(closure) (Lightning, LBFGS): read the window now
+            p = self.probe.get(oid)
+            w.update(mb=self.mb, since_step=self.since_step.get(oid, 0),
+                     in_grad=self.in_grad.get(oid) if p is not None else None, closure=True,
+                     grad_checksum=_grad_checksum(opt))
+            if self.ddp:
+                w["sync_passes"] = self.ddp.pop("sync_passes_pending", None)
         self.since_step[oid] = 0
         if w is not None and w.get("opt") == oid:
             before = w.pop("_before", None)
@@ -1231,6 +1226,21 @@ class _AccumulateCM:
 
     def __exit__(self, *exc):
         return self.cm.__exit__(*exc)
+
+
+def _grad_checksum(opt) -> Optional[float]:
+    """Cross-rank checksum: the sum of the gradients of up to 4 small parameters (cheap at any model size)."""
+    try:
+        small = []
+        for g in opt.param_groups:
+            for q in g["params"]:
+                if q.grad is not None and q.numel() <= (1 << 20):
+                    small.append(q)
+                    if len(small) >= 4:
+                        return sum(float(x.grad.detach().float().sum()) for x in small)
+        return sum(float(x.grad.detach().float().sum()) for x in small) if small else None
+    except Exception:
+        return None
 
 
 def _graph_size(fn, cap: int = 20000) -> int:
