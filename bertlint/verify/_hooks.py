@@ -130,6 +130,7 @@ class Recorder:
         self.lines: dict[str, Counter] = {}
         self.optimizers: list = []
         self.probe: dict[int, Any] = {}
+        self.probe_extra: dict[int, list] = {}
         self.in_grad: dict[int, int] = {}  # micro-batches whose gradient is in the probe's .grad
         self.since_step: dict[int, int] = {}
         self.step_marks: list[int] = []
@@ -514,11 +515,16 @@ class Recorder:
         line = self.where()
         # is the probe gradient clear (a new window starts)?
         for oid, p in list(self.probe.items()):
-            g = p.grad
-            try:
-                clear = g is None or not bool(g.any())
-            except Exception:
-                clear = False
+            clear = True
+            for q in [p] + self.probe_extra.get(oid, []):  # every probe must be clear (a zero gradient alone is not)
+                g = q.grad
+                try:
+                    if g is not None and bool(g.any()):
+                        clear = False
+                        break
+                except Exception:
+                    clear = False
+                    break
             if clear:
                 self.in_grad[oid] = 0
         scaler_scale = None
@@ -589,17 +595,20 @@ class Recorder:
             opt = r()
             if opt is None or id(opt) in self.probe:
                 continue
-            best = None
+            cands = []
             try:
                 for g in opt.param_groups:
                     for p in g["params"]:
-                        if isinstance(p, torch.Tensor) and p.grad is not None and p.numel() > 0:
-                            if best is None or p.numel() < best.numel():
-                                best = p
+                        if isinstance(p, torch.Tensor) and p.grad is not None and 0 < p.numel():
+                            cands.append(p)
+                cands.sort(key=lambda p: p.numel())
+                # the two smallest parameters whose gradient is not all zero after this backward
+                live = [p for p in cands[:64] if bool(p.grad.any())][:2]
             except Exception:
                 continue
-            if best is not None:
-                self.probe[id(opt)] = best
+            if live:
+                self.probe[id(opt)] = live[0]
+                self.probe_extra[id(opt)] = live[1:]
                 self.in_grad[id(opt)] = 1
                 self.since_step.setdefault(id(opt), 1)
 
