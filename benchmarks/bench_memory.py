@@ -113,6 +113,59 @@ def speed() -> dict:
     return out
 
 
+def memtracker_peak(spec: MemorySpec) -> int:
+    """Independent cross-check: torch's own tracker (torch.distributed._tools.mem_tracker.MemTracker) on the same
+    fake step (steady state: optimizer states created first), CPU storage rules."""
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from bertlint.memory.simulate import _inputs, _instantiate, build_config
+
+    config = build_config(spec)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = _instantiate(spec, config)
+        if spec.checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": spec.reentrant})
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=False)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        batch = _inputs(torch, spec, config, config.vocab_size)
+        mt = MemTracker()
+        mt.track_external(model, opt, *batch.values())
+        amp = torch.autocast("cpu", dtype=torch.bfloat16) if spec.precision == "bf16" else contextlib.nullcontext()
+        import warnings
+
+        with warnings.catch_warnings(), mt:
+            warnings.simplefilter("ignore")
+            with amp:
+                loss = model(**batch).loss
+            loss.backward()
+            del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return sum(v for k, v in mt.get_tracker_snapshot("peak")[torch.device("cpu")].items() if k == "Total")
+
+
+def cross_check(grid) -> list[dict]:
+    rows = []
+    for model, mb, seq, prec, ckpt in grid:
+        spec = spec_for(model, mb, seq, prec, ckpt)
+        sim = simulate(spec, "cpu").peak_bytes
+        ref = memtracker_peak(spec)
+        err = 100.0 * (sim - ref) / ref
+        rows.append({"model": model, "micro_batch": mb, "seq_len": seq, "precision": prec, "checkpointing": ckpt,
+                     "simulated_bytes": sim, "memtracker_bytes": ref, "error_pct": round(err, 3)})
+        print(f"  {model:<20} B={mb:<2} L={seq:<3} {prec:<4} ckpt={'on ' if ckpt else 'off'} bertlint "
+              f"{sim / GiB:7.3f} GiB  torch MemTracker {ref / GiB:7.3f} GiB  {err:+6.2f} %", flush=True)
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | B | L | precision | ckpt | simulated GiB | real CPU GiB | error % | phase (sim/real) |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -128,7 +181,19 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--memtracker", action="store_true",
+                   help="only the cross-check against torch's MemTracker on the same fake step (fast)")
     a = p.parse_args(argv)
+    if a.memtracker:
+        print("cross-check: bertlint's tracker vs torch's MemTracker, same fake step, CPU storage rules", flush=True)
+        grid = GRID + [("bert-base-uncased", 32, 512, "fp32", False), ("bert-large-uncased", 8, 512, "fp32", False)]
+        rows = cross_check(grid)
+        worst = max(abs(r["error_pct"]) for r in rows)
+        print(f"worst difference {worst:.2f} %")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"memtracker": rows}, f, indent=2)
+        return 0
     t0 = time.perf_counter()
     print("accuracy: simulated peak vs a real CPU step (same tensor accounting)", flush=True)
     rows = accuracy(QUICK if a.quick else GRID)
