@@ -305,7 +305,14 @@ class MemoryTracker:
             pynvml.nvmlInit()
             try:
                 idx = torch.cuda.current_device()
-                h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+                h = None
+                try:  # CUDA_VISIBLE_DEVICES renumbers devices; the UUID names the physical one
+                    uuid = str(torch.cuda.get_device_properties(idx).uuid)
+                    h = pynvml.nvmlDeviceGetHandleByUUID(("GPU-" + uuid) if not uuid.startswith("GPU-") else uuid)
+                except Exception:
+                    h = None
+                if h is None:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(idx)
                 mem = pynvml.nvmlDeviceGetMemoryInfo(h)
                 info.update(device_total=int(mem.total), device_used=int(mem.used), device_free=int(mem.free))
                 procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)

@@ -172,6 +172,9 @@ def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, w
                 continue
             vals = [mib(p.get(k)) if p.get(k) is not None else "n/a" for k in ("total",) + CATS]
             lines.append("    " + f"{ph:<11} " + " ".join(f"{v:<12}" for v in vals))
+    if mem.get("per_step"):
+        lines.append("    after each optimizer step: " + ", ".join(
+            f"step {s.get('step')} {mib(s.get('total'))}" for s in mem["per_step"][:6]))
     if mem.get("other_sampled_cpu"):
         o = mem["other_sampled_cpu"][-1]
         lines.append(f"    other (CPU, live tensors outside the categories, sampled {o['at']}): {mib(o['bytes'])}")
