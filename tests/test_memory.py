@@ -287,3 +287,22 @@ def test_fixture_set_ups():
     assert ds.head.endswith("QuestionAnswering") and ds.config["num_hidden_layers"] == 24
     with pytest.raises(MemoryInputError, match="custom class `Classifier`"):
         specs_from_script(os.path.join(FIX, "custom_model.py"))
+
+
+def test_custom_wrapper_around_a_pretrained_encoder_is_not_guessed(tmp_path):
+    path = _write(tmp_path, "wrap.py", """
+        import torch
+        from transformers import AutoModel
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = AutoModel.from_pretrained("tiny")
+                self.out = torch.nn.Linear(32, 3)
+        model = Net()
+        loader = torch.utils.data.DataLoader(train_ds, batch_size=8)
+        enc = tokenizer(x, max_length=16, truncation=True)
+    """)
+    with pytest.raises(MemoryInputError, match="custom class `Net`"):
+        specs_from_script(path)
+    (spec,) = specs_from_script(path, overrides=Overrides(head="AutoModel"))
+    assert spec.head == "AutoModel" and spec.config["hidden_size"] == 32 and spec.micro_batch == 8

@@ -149,8 +149,9 @@ def _walk(ctx, found: _Found) -> None:
             if last == "to" and "bfloat16" in cst.Module([]).code_for_node(node):
                 found.half_cast = found.half_cast or ("bf16-pure", row(node))
             if last == "from_pretrained" and isinstance(node.func, cst.Attribute):
-                cls = getattr(node.func.value, "value", None) or getattr(getattr(node.func.value, "attr", None), "value", None)
-                if isinstance(cls, str) and ("Model" in cls or cls.startswith("Auto") and "Model" in cls):
+                target = node.func.value
+                cls = target.attr.value if isinstance(target, cst.Attribute) else getattr(target, "value", None)
+                if isinstance(cls, str) and "Model" in cls:
                     ck = self.val(positional(node, 0) or kwarg(node, "pretrained_model_name_or_path"))
                     found.models.append((cls, ck if isinstance(ck, str) else None, row(node)))
             if last in user_classes:
@@ -191,9 +192,17 @@ def _setups(ctx) -> list:
         return []
 
 
-def _model_spec(model_info, found: _Found, ov: Overrides, base_dir: str, notes: list) -> tuple[dict, str, Optional[str]]:
+def _model_spec(model_info, found: _Found, ov: Overrides, base_dir: str, notes: list,
+                trainer_model: bool = False) -> tuple[dict, str, Optional[str]]:
     """(config dict, head class, model name)."""
     head = ov.head
+    if found.custom_models and not ov.head and not trainer_model:
+        # a custom nn.Module is what trains (a transformers model inside it is only a part): never guess
+        cls, row = found.custom_models[0]
+        raise MemoryInputError(
+            f"the model is a custom class `{cls}` (line {row}) that bertlint memory cannot build: pass "
+            "--model-config PATH (a transformers config.json) and --head CLASS (a transformers class such as "
+            "AutoModelForSequenceClassification) for the transformers model it wraps")
     name = None
     config = None
     if ov.model_config:
@@ -334,7 +343,8 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
     notes: list[str] = []
     model_info = getattr(setup, "model", None)
     args = getattr(setup, "args", None)
-    config, head, name = _model_spec(model_info, found, ov, base_dir, notes)
+    trainer_model = getattr(setup, "trainer", None) is not None and model_info is not None
+    config, head, name = _model_spec(model_info, found, ov, base_dir, notes, trainer_model)
     seq = _seq_len(found, ov, notes)
 
     # micro-batch

@@ -456,6 +456,9 @@ def standard_assumptions(spec: MemorySpec, cuda: bool) -> list[str]:
             "log-sum-exp are kept, not the B x heads x L x L probabilities")
     else:
         out.append("CPU storage rules: exact storage sizes; the per-parameter (for-loop) optimizer, PyTorch's default on CPU")
+    if spec.precision in ("bf16", "fp16"):
+        out.append("autocast simulated with torch's CPU autocast op lists: matmuls and attention in half precision, "
+                   "embeddings, LayerNorm and the loss in fp32 (for BERT-family ops the same dtypes as on CUDA)")
     if spec.precision == "fp16":
         out.append("GradScaler's own tensors (a few scalars) are not counted")
     if spec.optimizer == "adam8bit":
