@@ -151,6 +151,11 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
         for d in diagnostics:
             d.verification = Verification("not-run", f"{path} is not a file that can be run")
         return VerifyResult(diagnostics, f"bertlint --verify: {path} is not a file", {"error": "not a file"})
+    if not script.endswith(".py"):
+        for d in diagnostics:
+            d.verification = Verification("not-run", "only Python scripts can be run by --verify (export the "
+                                                     "notebook with `jupyter nbconvert --to script`)")
+        return VerifyResult(diagnostics, f"bertlint --verify: {path} is not a Python script", {"error": "not a script"})
     try:
         with open(script, encoding="utf-8", errors="replace") as f:
             source = f.read()
