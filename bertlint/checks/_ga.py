@@ -213,3 +213,17 @@ def accum_gate(ctx, loop: TrainingLoop, g: Gate) -> bool:
         if mv is not None and dv is not None and mv == dv and mv > 1:
             return True
     return False
+
+
+def owner_note(ctx, loop: TrainingLoop) -> str:
+    """Who owns accumulation in this loop and the version assumed, for messages."""
+    owner = loop.owner
+    if owner == "fabric":
+        return f"Fabric loop, {fw(ctx, 'lightning')}"
+    if owner == "accelerate-manual":
+        return f"accelerate loop without accumulate(), {fw(ctx, 'accelerate')}"
+    if owner == "accelerate":
+        return f"accelerate accumulate(), {fw(ctx, 'accelerate')}"
+    if owner == "deepspeed":
+        return f"DeepSpeed engine, {fw(ctx, 'deepspeed')}"
+    return f"hand-written PyTorch loop, {fw(ctx, 'torch')}"

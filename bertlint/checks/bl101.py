@@ -98,7 +98,7 @@ def check(ctx) -> None:
                 f"`{e.name}()` runs on every micro-batch although the loop accumulates gradients ({why}): each "
                 f"update sees one micro-batch instead of {n} (effective batch = micro-batch, not micro-batch × {n}), "
                 f"and a divided loss makes every update {n}× too small. Step (and zero the gradients) only when "
-                f"`{gate_txt or '(step + 1) % N == 0'}`, or let `accelerator.accumulate(model)` do it.",
+                f"`{gate_txt or '(step + 1) % N == 0'}`, or let `accelerator.accumulate(model)` do it. ({_ga.owner_note(ctx, loop)})",
                 fix=fix,
                 severity=_ga.sev(e),
                 data={"n": loop.accum().value if loop.accum() else None, "loop_line": ctx.span(loop.node)[0].row},

@@ -40,7 +40,7 @@ def check(ctx) -> None:
                     f"`{e.name}()` runs on every micro-batch while the optimizer steps once per {_ga.n_shown(loop)} "
                     f"micro-batches: the gradients of the first {n} - 1 micro-batches of each window are erased, so "
                     f"each update sees only the last micro-batch, weighted 1/{n}. Clear the gradients only after "
-                    f"`optimizer.step()`, inside the same gate.",
+                    f"`optimizer.step()`, inside the same gate. ({_ga.owner_note(ctx, loop)})",
                     fix=fix,
                     severity=_ga.sev(e),
                 )

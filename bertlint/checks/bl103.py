@@ -47,7 +47,7 @@ def check(ctx) -> None:
             + (" (with SGD that is a learning rate " + n + "× too large)" if sgd else
                " (an effective learning rate up to " + n + "× too large with SGD; gradient clipping thresholds are hit "
                "N× sooner with Adam)")
-            + f". Divide before backward: `loss = loss / {acc.text}`.",
+            + f". Divide before backward: `loss = loss / {acc.text}`. ({_ga.owner_note(ctx, loop)})",
         )
 
 

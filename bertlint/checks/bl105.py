@@ -43,7 +43,8 @@ def check(ctx) -> None:
                 f"`{e.name}()` runs on every micro-batch, but the optimizer steps once per {_ga.n_shown(loop)} "
                 f"micro-batches and the schedule length `{_ga.code_of(length).strip()}` counts optimizer steps: warm-up and "
                 f"decay run {n}× too fast (the learning rate reaches its final value after 1/{n} of training) and the "
-                f"LR changes between updates. Call it right after `optimizer.step()`, inside the same gate.",
+                f"LR changes between updates. Call it right after `optimizer.step()`, inside the same gate. "
+                f"({_ga.owner_note(ctx, loop)})",
                 fix=fix,
                 severity=_ga.sev(e),
             )

@@ -41,5 +41,6 @@ def check(ctx) -> None:
                     f"The optimizer steps on {when}, which holds on the very first micro-batch (`{g.index_text}` "
                     f"starts at 0): the first update is made from 1 micro-batch instead of {n} "
                     f"(`{g.modulus_text}`), and every later window is shifted by one (updates after micro-batches "
-                    f"{seq}, …). Step when `({g.index_text} + 1) % {g.modulus_text} == 0`, or use `enumerate(..., 1)`.",
+                    f"{seq}, …). Step when `({g.index_text} + 1) % {g.modulus_text} == 0`, or use `enumerate(..., 1)`. "
+                    f"({_ga.owner_note(ctx, loop)})",
                 )

@@ -53,7 +53,7 @@ def check(ctx) -> None:
                     f"`{ctr}` is advanced on every micro-batch, but `{code_of(budget).strip()}` counts optimizer steps "
                     f"and the optimizer steps once per {acc.shown} micro-batches: training stops after 1/{acc.n} of the "
                     f"intended updates. Advance `{ctr}` inside the optimizer-step gate (or compare with "
-                    f"`{code_of(budget).strip()} * {acc.text}`).",
+                    f"`{code_of(budget).strip()} * {acc.text}`). ({_ga.owner_note(ctx, loop)})",
                 )
 
 

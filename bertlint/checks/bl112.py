@@ -26,7 +26,7 @@ def check(ctx) -> None:
                     f"`{e.name}()` runs on every micro-batch while the optimizer steps once per {_ga.n_shown(loop)}: it "
                     f"clips partial sums of the window's gradient (the first micro-batches are clipped more than the "
                     f"last), so the update is not the clipped full-batch gradient. Clip once, right before the step, "
-                    f"inside the gate.",
+                    f"inside the gate. ({_ga.owner_note(ctx, loop)})",
                     fix=fix,
                 )
         elif owner == "accelerate":
