@@ -227,3 +227,17 @@ def owner_note(ctx, loop: TrainingLoop) -> str:
     if owner == "deepspeed":
         return f"DeepSpeed engine, {fw(ctx, 'deepspeed')}"
     return f"hand-written PyTorch loop, {fw(ctx, 'torch')}"
+
+
+def report(ctx, loop: TrainingLoop, node, message: str, **kw):
+    """``ctx.report`` with the loop facts the verifier and ``explain`` can use in ``data``."""
+    data = dict(kw.pop("data", None) or {})
+    try:
+        acc = loop.accum()
+        data.setdefault("n", acc.value if acc is not None else None)
+        data.setdefault("n_text", acc.text if acc is not None else None)
+        data.setdefault("owner", loop.owner)
+        data.setdefault("loop_row", ctx.span(loop.node)[0].row)
+    except Exception:
+        pass
+    return ctx.report(node, message, data=data, **kw)

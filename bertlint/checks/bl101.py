@@ -93,7 +93,8 @@ def check(ctx) -> None:
                     [Edit(f"if {gate_txt}:\n{body}", start, end)],
                     Applicability.UNSAFE,
                 )
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 e.call,
                 f"`{e.name}()` runs on every micro-batch although the loop accumulates gradients ({why}): each "
                 f"update sees one micro-batch instead of {n} (effective batch = micro-batch, not micro-batch × {n}), "
@@ -101,5 +102,4 @@ def check(ctx) -> None:
                 f"`{gate_txt or '(step + 1) % N == 0'}`, or let `accelerator.accumulate(model)` do it. ({_ga.owner_note(ctx, loop)})",
                 fix=fix,
                 severity=_ga.sev(e),
-                data={"n": loop.accum().value if loop.accum() else None, "loop_line": ctx.span(loop.node)[0].row},
             )

@@ -35,7 +35,8 @@ def check(ctx) -> None:
                 if e.kind == "opt_zero" and e.receiver not in opts and "?" not in opts:
                     continue
                 fix = _ga.move_under(ctx, e, anchor, f"Move `{e.name}()` under the step gate, after the step") if anchor else None
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     e.call,
                     f"`{e.name}()` runs on every micro-batch while the optimizer steps once per {_ga.n_shown(loop)} "
                     f"micro-batches: the gradients of the first {n} - 1 micro-batches of each window are erased, so "
@@ -53,7 +54,8 @@ def check(ctx) -> None:
                     continue
                 if e.receiver and f.kinds.get(e.receiver) in ("optimizer", "ds_optimizer"):
                     continue
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     e.call,
                     f"`{e.name}()` inside `accelerator.accumulate()` clears the model's gradients on every micro-batch "
                     f"({_ga.fw(ctx, 'accelerate')} skips only the prepared optimizer's `zero_grad()` off the sync step): "

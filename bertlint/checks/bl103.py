@@ -40,7 +40,8 @@ def check(ctx) -> None:
             continue
         n = _ga.times(loop)
         sgd = any(k == "optimizer" and "SGD" in (_ctor(f, name) or "") for name, k in f.kinds.items())
-        ctx.report(
+        _ga.report(
+                ctx, loop,
             bws[0].call,
             f"The loss is not divided by the accumulation factor {acc.shown}: the {n} micro-batch gradients are "
             f"summed, so each update uses {n}× the mean gradient of the window"

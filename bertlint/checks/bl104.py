@@ -78,7 +78,8 @@ def check(ctx) -> None:
                         continue
                     seen.add(id(d.node))
                     n = str(ga.value) if ga.value is not None else "N"
-                    ctx.report(
+                    _ga.report(
+                        ctx, loop,
                         d.node,
                         f"The loss is divided by `{d.divisor_text}` by hand, but `accelerator.backward()` already divides "
                         f"it by `gradient_accumulation_steps` ({ga.shown}, {_ga.fw(ctx, 'accelerate')}): each window's "
@@ -93,7 +94,8 @@ def check(ctx) -> None:
                     if not f.is_accum_expr(d.divisor, loop) or id(d.node) in seen:
                         continue
                     seen.add(id(d.node))
-                    ctx.report(
+                    _ga.report(
+                        ctx, loop,
                         d.node,
                         f"`{bw.receiver}.backward()` already divides the loss by the engine's "
                         f"`gradient_accumulation_steps` ({_ga.fw(ctx, 'deepspeed', 'DeepSpeed')}, `scale_wrt_gas=True`): "

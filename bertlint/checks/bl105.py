@@ -38,7 +38,8 @@ def check(ctx) -> None:
             if units != "optimizer-steps":
                 continue
             fix = _ga.move_under(ctx, e, anchor, f"Step the scheduler only after the optimizer step") if anchor else None
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 e.call,
                 f"`{e.name}()` runs on every micro-batch, but the optimizer steps once per {_ga.n_shown(loop)} "
                 f"micro-batches and the schedule length `{_ga.code_of(length).strip()}` counts optimizer steps: warm-up and "

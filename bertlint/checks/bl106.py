@@ -36,7 +36,8 @@ def check(ctx) -> None:
                     continue
                 done.add(id(length))
                 n = acc.n
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     length,
                     f"The schedule length `{text}` counts micro-batches, but `{e.name}()` is stepped once per optimizer "
                     f"step (every {acc.shown} micro-batches): only 1/{n} of the schedule runs — warm-up lasts {n}× "
@@ -53,7 +54,8 @@ def check(ctx) -> None:
                 if not times_n and units != "micro-batches":
                     continue
                 done.add(id(length))
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     length,
                     f"The prepared scheduler steps only on sync steps inside `accelerator.accumulate()` "
                     f"({_ga.fw(ctx, 'accelerate')}: `AcceleratedScheduler.step` is a no-op on the other micro-batches), "

@@ -36,7 +36,8 @@ def check(ctx) -> None:
                 when = (f"`{g.text}`" if g.eq_zero and not g.negated
                         else f"the `else` of `{g.text}`" if g.negated else f"`{g.text}`")
                 seq = f"1, {nv + 1}, {2 * nv + 1}" if nv is not None else "1, N+1, 2N+1"
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     g.node,
                     f"The optimizer steps on {when}, which holds on the very first micro-batch (`{g.index_text}` "
                     f"starts at 0): the first update is made from 1 micro-batch instead of {n} "

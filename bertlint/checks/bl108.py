@@ -41,7 +41,8 @@ def check(ctx) -> None:
                 g = next(g for g in mods if not g.on_boundary)
                 if not _ga.accum_gate(ctx, loop, g):
                     continue
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     e.call,
                     f"`{e.name}()` runs only when `{g.text}` is {'false' if g.eq_zero else 'true'}, i.e. on the "
                     f"micro-batches that are NOT the last of a window: it steps {_n(ctx, loop, g)} - 1 times per window "
@@ -57,7 +58,8 @@ def check(ctx) -> None:
                 va = ctx.loops.int_value(a.modulus, loop.func)
                 vb = ctx.loops.int_value(b.modulus, loop.func)
                 lcm = str(va * vb // math.gcd(va, vb)) if va and vb else f"lcm({a.modulus_text}, {b.modulus_text})"
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     e.call,
                     f"`{e.name}()` is nested under two frequency gates (`{a.text}` and `{b.text}`): it runs only "
                     f"every {lcm} micro-batches, and the gradients of the skipped windows keep accumulating into the "
@@ -74,7 +76,8 @@ def check(ctx) -> None:
                 dv = ctx.loops.int_value(d.divisor, loop.func)
                 log_gate = g.modulus_text and _ga._logging(g.modulus_text)
                 if (mv and dv and mv != dv and mv > 1 and dv > 1) or (log_gate and d.divisor_text != g.modulus_text):
-                    ctx.report(
+                    _ga.report(
+                ctx, loop,
                         e.call,
                         f"The step gate `{g.text}` uses modulus `{g.modulus_text}`"
                         f"{' (= ' + str(mv) + ')' if mv else ''}, but the loss is divided by `{d.divisor_text}`"
@@ -117,7 +120,8 @@ def _accumulate(ctx, f, loop) -> None:
                 "(partial) window but the hand gate does not, so that window's update is lost and its gradients leak "
                 "into the next epoch (one optimizer step lost per epoch)"
             )
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 g.node,
                 f"Hand-written gate `{g.text}` inside `accelerator.accumulate()` ({_ga.fw(ctx, 'accelerate')}): {what}. "
                 f"Call `optimizer.step()`, `scheduler.step()` and `optimizer.zero_grad()` unconditionally inside "

@@ -31,7 +31,8 @@ def check(ctx) -> None:
         if loop.accumulate_used and f.accelerator_ga is None and not f.accelerator_ga_unknown \
                 and f.accelerator_deepspeed is None and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source:
             for call in loop.accumulate_calls[:1]:
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     call,
                     f"`accumulate()` is used but `{code_of(f.accelerator_calls[0]).strip()[:60]}` configures no gradient "
                     f"accumulation ({_ga.fw(ctx, 'accelerate')} then syncs and steps on every micro-batch: N = 1). "
@@ -53,7 +54,8 @@ def check(ctx) -> None:
                            f"`accelerator.backward` is what divides by N;") if ga is not None else ""
                 severe = (ga is not None and ga.is_more_than_one() is not False) or f.accelerator_deepspeed is not None \
                     or _fp16(f)
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     bw.call,
                     f"`{bw.name}()` bypasses the `Accelerator` that prepared this model ({_ga.fw(ctx, 'accelerate')}):"
                     f"{ga_note} under fp16 its GradScaler never scales (the first unscale raises "
@@ -68,7 +70,8 @@ def check(ctx) -> None:
                 gs = [g for g in e.frequency_gates if g.kind in ("modulo", "counter") and g.on_boundary]
                 if not gs:
                     continue
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     gs[0].node,
                     f"Hand-written accumulation gate `{gs[0].text}` with a `DeepSpeedPlugin` and no "
                     f"`accelerator.accumulate()` ({_ga.fw(ctx, 'accelerate')}): `sync_gradients` stays True, so "

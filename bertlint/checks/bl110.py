@@ -48,7 +48,8 @@ def check(ctx) -> None:
                 if f.units_of(budget, loop.func, acc.text) == "micro-batches":
                     continue
                 seen.add(id(comp))
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     comp,
                     f"`{ctr}` is advanced on every micro-batch, but `{code_of(budget).strip()}` counts optimizer steps "
                     f"and the optimizer steps once per {acc.shown} micro-batches: training stops after 1/{acc.n} of the "

@@ -32,7 +32,8 @@ def check(ctx) -> None:
         if not divs:
             continue
         d = divs[0]
-        ctx.report(
+        _ga.report(
+                ctx, loop,
             d.node,
             f"`{_ga.code_of(d.node).strip()}` averages a token-level loss ({m.group(0)}) per micro-batch and then "
             f"divides by the number of micro-batches: tokens of a micro-batch with few labelled tokens weigh more "

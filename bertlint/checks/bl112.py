@@ -21,7 +21,8 @@ def check(ctx) -> None:
                 if not e.per_micro_batch:
                     continue
                 fix = _ga.move_before(ctx, e, anchor, "Clip once per window, right before the step") if anchor else None
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     e.call,
                     f"`{e.name}()` runs on every micro-batch while the optimizer steps once per {_ga.n_shown(loop)}: it "
                     f"clips partial sums of the window's gradient (the first micro-batches are clipped more than the "
@@ -36,7 +37,8 @@ def check(ctx) -> None:
             for e in loop.of("clip"):
                 if not e.in_accumulate or not e.per_micro_batch:
                     continue
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     e.call,
                     f"`{e.name}()` runs on every micro-batch inside `accelerator.accumulate()` ({ga.shown} steps, "
                     f"{_ga.fw(ctx, 'accelerate')}): it clips partial sums of the window's gradient. Guard it with "

@@ -9,6 +9,7 @@ import re
 import libcst as cst
 
 from bertlint.analysis.symbols import code_of, dotted
+from bertlint.checks import _ga
 from bertlint.registry import rule
 from bertlint.types import Severity
 
@@ -47,7 +48,8 @@ def check(ctx) -> None:
                 bw_in_inner = any(g.kind == "loop" for g in bw.gates)
                 add_per_mb = all(g.kind == "invariant" for g in gates)
                 if (add_per_mb and not bw.per_micro_batch and bw.frequency_gates) or (add_in_inner and not bw_in_inner):
-                    ctx.report(
+                    _ga.report(
+                ctx, loop,
                         bw.call,
                         f"`{target}` sums the losses of the whole window and `backward()` runs once at its end: the "
                         f"autograd graphs (all saved activations) of every micro-batch stay alive until then, so peak "

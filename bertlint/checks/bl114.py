@@ -26,7 +26,8 @@ def check(ctx) -> None:
             wrow = ctx.span(with_node)[0].row
             later_bw = [b for b in loop.backwards if not b.in_no_sync and ctx.span(b.call)[0].row > wrow]
             if fwd and not bwd and every and later_bw:
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     with_node,
                     f"The forward runs inside `{recv}()` on every micro-batch and the backward outside it: DDP decides "
                     f"whether to all-reduce at forward time, so no micro-batch — not even the window's last — "
@@ -35,7 +36,8 @@ def check(ctx) -> None:
                     severity=Severity.ERROR,
                 )
             elif bwd and not fwd and loop.backwards:
-                ctx.report(
+                _ga.report(
+                ctx, loop,
                     with_node,
                     f"Only the backward is inside `{recv}()`; DDP took the sync decision during the forward, which ran "
                     f"outside, so every micro-batch still all-reduces. Put the forward inside the `no_sync()` block too.",
@@ -48,7 +50,8 @@ def check(ctx) -> None:
             if not bws:
                 continue
             n = _ga.times(loop)
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 bws[0].call,
                 f"The model is wrapped in `DistributedDataParallel` and gradients are accumulated over "
                 f"{_ga.n_shown(loop)} micro-batches, but every backward all-reduces: {n} all-reduces per optimizer step "

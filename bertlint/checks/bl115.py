@@ -23,7 +23,8 @@ def check(ctx) -> None:
             if not gs:
                 continue
             g = gs[0]
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 e.call,
                 f"`{e.name}()` is gated by `{g.text}`, but the DeepSpeed engine ({ds}) accumulates by itself: "
                 f"`engine.step()` must run after every `engine.backward()` (it counts micro-steps and updates only "
@@ -34,7 +35,8 @@ def check(ctx) -> None:
         for e in loop.of("engine_zero", "opt_zero"):
             if e.kind == "opt_zero" and f.kinds.get(e.receiver or "") != "ds_optimizer":
                 continue
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 e.call,
                 f"`{e.name}()` with a DeepSpeed engine ({ds}): `engine.step()` zeroes the gradients itself at each "
                 f"accumulation boundary; clearing them by hand erases the micro-batches accumulated so far. "

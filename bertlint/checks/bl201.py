@@ -41,7 +41,8 @@ def check(ctx) -> None:
             if st is not None and not clip.via and same_freq:
                 fix = ctx.fix(f"Insert `{scaler}.unscale_({opt})` before clipping",
                               [ctx.edit_insert_line_before(st, f"{scaler}.unscale_({opt})")], Applicability.SAFE)
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 clip.call,
                 f"`{clip.name}()` clips the *scaled* gradients: `{scaler}.scale(loss).backward()` multiplied them by "
                 f"the loss scale (65 536 at the start, torch.amp), so a threshold of 1.0 shrinks the true gradient "

@@ -33,7 +33,8 @@ def check(ctx) -> None:
                         f"ones; the second call in a window raises `RuntimeError: unscale_() has already been called "
                         f"on this optimizer since the last update().`")
                 fix = _ga.move_before(ctx, e, anchor, "Unscale once per window, right before clipping / step")
-            ctx.report(
+            _ga.report(
+                ctx, loop,
                 e.call,
                 f"`{e.name}()` runs on every micro-batch while `{anchor.name}()` runs once per {_ga.n_shown(loop)} "
                 f"(torch.amp GradScaler): {what}. Call it only inside the step gate.",
