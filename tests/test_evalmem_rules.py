@@ -1044,3 +1044,30 @@ def test_bl506_frozen_module_not_reported():
             loss = head(feats).sum()
             loss.backward()
         """)
+
+
+def test_bl501_returned_result_differentiated_by_caller_not_reported():
+    check("""
+        import torch
+
+        def validation_loss(model, batches):
+            total = 0
+            for b in batches:
+                total = total + model(**b).loss
+            return total / len(batches)
+
+        def meta_step(model, batches, hyper_opt):
+            vloss = validation_loss(model, batches)
+            vloss.backward()
+            hyper_opt.step()
+
+        def evaluate(model, batches):
+            model.eval()
+            total = 0
+            for b in batches:
+                total = total + model(**b).loss  # expect: BL501
+            return total / len(batches)
+
+        def report(model, batches):
+            print(float(evaluate(model, batches)))
+        """, codes=("BL501",))

@@ -125,6 +125,39 @@ def _returned(flow, acc: str, scope) -> bool:
     return False
 
 
+def _result_backwarded(flow, scope) -> bool:
+    """A caller in this file differentiates the function's result (or the function is passed around, so its
+    callers are unknown)."""
+    if scope is None:
+        return False
+    sites = flow.call_sites(scope)
+    if sites is None:
+        return True
+    for c in sites:
+        p = flow.parent.get(c)
+        # f(...).backward() / accelerator.backward(f(...))
+        cur = p
+        while isinstance(cur, (cst.Attribute, cst.Arg, cst.Call, cst.BinaryOperation, cst.Subscript)):
+            if isinstance(cur, cst.Call) and flow.is_backward_call(cur):
+                return True
+            cur = flow.parent.get(cur)
+        stmt = p
+        while stmt is not None and not isinstance(stmt, (cst.Assign, cst.AnnAssign, cst.AugAssign,
+                                                          cst.SimpleStatementLine)):
+            stmt = flow.parent.get(stmt)
+        if isinstance(stmt, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            targets = []
+            if isinstance(stmt, cst.Assign):
+                for t in stmt.targets:
+                    targets += target_names(t.target)
+            else:
+                targets += target_names(stmt.target)
+            caller = flow.scope.get(stmt)
+            if flow.derived(set(targets), caller) & flow.backward_names(caller):
+                return True
+    return False
+
+
 def _numeric_uses_only(flow, acc: str, loop, scope) -> bool:
     """After the loop, ``acc`` is only used as a number (arithmetic, formatting, printing): ``.item()`` is safe."""
     if "." in acc or _returned(flow, acc, scope):
@@ -216,6 +249,8 @@ def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
             return
     if why is not None and flow.framework_owned(scope):
         return
+    if _returned(flow, acc, scope) and _result_backwarded(flow, scope):
+        return  # e.g. a meta-learning "validation loss" whose caller differentiates it
     stmt_text = ctx.module.code_for_node(stmt).strip()
     val = ctx.module.code_for_node(value)
     if training:
