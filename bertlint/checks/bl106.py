@@ -35,12 +35,13 @@ def check(ctx) -> None:
                 if f.units_of(length, loop.func, acc.text) != "micro-batches":
                     continue
                 done.add(id(length))
-                n = acc.n
+                n = acc.n if acc.value is not None else "N"
                 _ga.report(
                 ctx, loop,
                     length,
                     f"The schedule length `{text}` counts micro-batches, but `{e.name}()` is stepped once per optimizer "
-                    f"step (every {acc.shown} micro-batches): only 1/{n} of the schedule runs — warm-up lasts {n}× "
+                    f"step (every {acc.shown} micro-batches{'' if acc.value is not None else ', N'}): only 1/{n} of the schedule "
+                    f"runs — warm-up lasts {n}× "
                     f"longer and the learning rate never decays to its end. Use `{text} // {acc.text}` (optimizer "
                     f"steps).",
                 )

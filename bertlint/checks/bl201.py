@@ -45,7 +45,7 @@ def check(ctx) -> None:
                 ctx, loop,
                 clip.call,
                 f"`{clip.name}()` clips the *scaled* gradients: `{scaler}.scale(loss).backward()` multiplied them by "
-                f"the loss scale (65 536 at the start, torch.amp), so a threshold of 1.0 shrinks the true gradient "
+                f"the loss scale (65 536 at the start, torch.amp in {_ga.fw(ctx, 'torch')}), so a threshold of 1.0 shrinks the true gradient "
                 f"by about that factor whenever it clips and training stalls. Call `{scaler}.unscale_({opt})` right "
                 f"before clipping (once per optimizer step).",
                 fix=fix,
