@@ -1226,8 +1226,12 @@ class _LoopWalker:
             elif rkind == "engine":
                 kind = "engine_zero"
             elif rkind in (None, "ddp") and recv is not None:
-                kind = "model_zero"
-                conf = True
+                last = recv.split(".")[-1]
+                if rkind is None and (OPT_NAME_RE.match(last) or "optim" in last.lower() or recv in self.f.kinds):
+                    kind = None  # an optimizer we could not identify: no guess
+                else:
+                    kind = "model_zero"
+                    conf = True
         if kind is not None:
             self.seq += 1
             ev = Event(
