@@ -487,6 +487,24 @@ class EvalFlow:
     def call_sites(self, func: cst.FunctionDef) -> Optional[list[cst.Call]]:
         """Calls of ``func`` in this file (by name; methods through any ``x.name(...)``). None when the function
         is also referenced without being called (a callback): its callers are then unknown."""
+        memo = self.__dict__.setdefault("_sites_memo", {})
+        if id(func) in memo:
+            return memo[id(func)]
+        res = self._call_sites(func)
+        memo[id(func)] = res
+        return res
+
+    def _names_by_value(self) -> dict[str, list[cst.Name]]:
+        idx = self.__dict__.get("_names_idx")
+        if idx is None:
+            idx = {}
+            for scope_names in self.names.values():
+                for nm in scope_names:
+                    idx.setdefault(nm.value, []).append(nm)
+            self.__dict__["_names_idx"] = idx
+        return idx
+
+    def _call_sites(self, func: cst.FunctionDef) -> Optional[list[cst.Call]]:
         name = func.name.value
         is_method = self.class_of(func) is not None
         sites = []
@@ -496,23 +514,17 @@ class EvalFlow:
             elif isinstance(c.func, cst.Attribute):
                 sites.append(c)
         n_refs = 0
-        for scope_names in self.names.values():
-            for nm in scope_names:
-                if nm.value == name:
-                    p = self.parent.get(nm)
-                    if p is func:
-                        continue
-                    if isinstance(p, cst.Call) and p.func is nm:
-                        continue
-                    if isinstance(p, cst.Attribute) and p.attr is nm:
-                        gp = self.parent.get(p)
-                        if isinstance(gp, cst.Call) and gp.func is p:
-                            continue
-                        n_refs += 1
-                        continue
-                    if isinstance(p, (cst.ImportAlias,)):
-                        continue
-                    n_refs += 1
+        for nm in self._names_by_value().get(name, ()):
+            p = self.parent.get(nm)
+            if p is func or isinstance(p, cst.ImportAlias):
+                continue
+            if isinstance(p, cst.Call) and p.func is nm:
+                continue
+            if isinstance(p, cst.Attribute) and p.attr is nm:
+                gp = self.parent.get(p)
+                if isinstance(gp, cst.Call) and gp.func is p:
+                    continue
+            n_refs += 1  # referenced without being called: a callback, callers unknown
         if n_refs:
             return None
         return sites
