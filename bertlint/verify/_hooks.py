@@ -27,6 +27,7 @@ from bertlint.verify._memory import MemoryTracker
 
 MAX_EVENTS = 20000
 HARD_CAP_MICROBATCHES = 64
+EVAL_FORWARDS_WANTED = 5
 
 
 class VerifyStop(BaseException):
@@ -253,7 +254,7 @@ class Recorder:
             raise VerifyStop("timeout")
         if self.mb < self.bound():
             return
-        if self.want_eval and self.eval_forwards < 3:
+        if self.want_eval and self.eval_forwards < EVAL_FORWARDS_WANTED:
             cap = max(10 * self.bound(), 50)
             if self.mb < cap:
                 return
@@ -360,7 +361,7 @@ class Recorder:
         elif not training:
             if time.monotonic() > self.deadline:
                 raise VerifyStop("timeout")
-            if self.mb >= self.bound() and self.want_eval and self.eval_forwards >= 3:
+            if self.mb >= self.bound() and self.want_eval and self.eval_forwards >= EVAL_FORWARDS_WANTED:
                 raise VerifyStop("bound")
         if not self._dtypes_done and train_fwd:
             self._record_dtypes(module)
@@ -405,6 +406,9 @@ class Recorder:
             self._add_loss_node(loss.grad_fn)
         if train_fwd:
             self.train_forwards_since_bwd += 1
+        if training and self._fwd_keys_since_bwd:
+            # evaluation forwards followed by a training-mode forward did not feed the coming backward
+            self._fwd_keys_since_bwd = [k for k in self._fwd_keys_since_bwd if k[1]]
         if grad:
             self._last_fwd_backpropagated = False
             key = (tuple(line) if line else None, training, grad)

@@ -555,14 +555,22 @@ def check_bl405(run: Run, d) -> tuple:
 
 
 def _series_growth(vals: list) -> Optional[tuple]:
-    """(first, last, per-sample rate) when a series grows on (almost) every sample."""
-    if len(vals) < 3:
-        return None
-    ups = sum(1 for a, b in zip(vals, vals[1:]) if b > a)
-    downs = sum(1 for a, b in zip(vals, vals[1:]) if b < a)
-    if ups >= max(2, int(0.75 * (len(vals) - 1))) and downs == 0 and vals[-1] >= 2 * max(vals[0], 1):
-        return vals[0], vals[-1], (vals[-1] - vals[0]) / (len(vals) - 1)
-    return None
+    """(first, last, per-sample rate) of the longest stretch that grows on (almost) every sample; a drop starts a
+    new stretch (a new call of the evaluation function, a new epoch)."""
+    best = None
+    seg: list = []
+    for v in list(vals) + [None]:
+        if v is not None and (not seg or v >= seg[-1]):
+            seg.append(v)
+            continue
+        if len(seg) >= 3:
+            ups = sum(1 for a, b in zip(seg, seg[1:]) if b > a)
+            if ups >= max(2, int(0.75 * (len(seg) - 1))) and seg[-1] >= 1.5 * max(seg[0], 1):
+                cand = (seg[0], seg[-1], (seg[-1] - seg[0]) / (len(seg) - 1))
+                if best is None or cand[1] - cand[0] > best[1] - best[0]:
+                    best = cand
+        seg = [v] if v is not None else []
+    return best
 
 
 def grown_locals(run: Run) -> list[dict]:
@@ -575,8 +583,9 @@ def grown_locals(run: Run) -> list[dict]:
             gr = _series_growth(vals)
             if gr:
                 kind = "elements" if s[-1][2] < 0 else "nodes"
+                n = int(round((gr[1] - gr[0]) / gr[2])) + 1 if gr[2] else len(vals)
                 out.append({"name": name, "function": fn, "when": when, "first": gr[0], "last": gr[1],
-                            "rate": gr[2], "kind": kind, "samples": len(vals), "line": s[-1][4],
+                            "rate": gr[2], "kind": kind, "samples": n, "line": s[-1][4],
                             "firstlineno": s[-1][5]})
     return out
 
