@@ -841,6 +841,48 @@ class FileLoops:
             return self.c.class_methods.get(cls.name.value, {}).get(f.attr.value)
         return None
 
+    _RELEVANT_ATTRS = frozenset({
+        "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
+        "unscale_", "update", "scale", "no_sync", "no_backward_sync", "accumulate",
+    })
+
+    def relevant(self, fn: cst.FunctionDef, cls, _seen: Optional[set] = None) -> bool:
+        """Does a same-file function (transitively) make any call the loop model records? Others are not
+        expanded at call sites, which keeps the walk linear in practice."""
+        memo = self.__dict__.setdefault("_relevant_memo", {})
+        key = id(fn)
+        if key in memo:
+            return memo[key]
+        seen = _seen if _seen is not None else set()
+        if key in seen:
+            return False
+        seen.add(key)
+        res = False
+        calls = []
+        for n in walk(fn.body):
+            tp = type(n)
+            if tp is cst.Call:
+                calls.append(n)
+            elif (tp is cst.BinaryOperation and type(n.operator) in (cst.Divide, cst.FloorDivide)) or (
+                tp is cst.AugAssign and type(n.operator) is cst.DivideAssign
+            ):
+                res = True  # a loss division the rules need to see
+        for c in calls:
+            if res:
+                break
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value in self._RELEVANT_ATTRS:
+                res = True
+                break
+        if not res:
+            fcls = self.class_of(fn) or cls
+            for c in calls:
+                g = self.callee(c, fn, fcls)
+                if g is not None and self.relevant(g, fcls, seen):
+                    res = True
+                    break
+        memo[key] = res
+        return res
+
     def class_of(self, func: Optional[cst.FunctionDef]) -> Optional[cst.ClassDef]:
         if func is None:
             return None
@@ -1265,7 +1307,7 @@ class _LoopWalker:
         # descend into same-file functions
         if depth < 3:
             fn = f.callee(call, func, cls)
-            if fn is not None and fn.name.value not in via and fn is not loop.func:
+            if fn is not None and fn.name.value not in via and fn is not loop.func and f.relevant(fn, cls):
                 fcls = f.class_of(fn) or cls
                 if fn not in loop.callees:
                     loop.callees.append(fn)
