@@ -948,14 +948,16 @@ class Recorder:
         o_ts = T.training_step
 
         @functools.wraps(o_ts)
-        def training_step(self, model, inputs, num_items_in_batch=None, *a, **kw):
+        def training_step(self, model, inputs, *a, **kw):
+            # 4.x before 4.46 has no num_items_in_batch parameter: pass the arguments through unchanged
+            num_items = a[0] if a else kw.get("num_items_in_batch")
             try:
-                rec._trainer_step(self, model, inputs, num_items_in_batch)
+                rec._trainer_step(self, model, inputs, num_items)
             except VerifyStop:
                 raise
             except Exception as e:
                 rec.trainer.setdefault("errors", []).append(f"{type(e).__name__}: {e}")
-            return o_ts(self, model, inputs, num_items_in_batch, *a, **kw)
+            return o_ts(self, model, inputs, *a, **kw)
 
         T.training_step = training_step
 
