@@ -1071,3 +1071,45 @@ def test_bl501_returned_result_differentiated_by_caller_not_reported():
         def report(model, batches):
             print(float(evaluate(model, batches)))
         """, codes=("BL501",))
+
+
+def test_bl502_comprehensions():
+    src = textwrap.dedent("""\
+        import torch
+
+
+        def evaluate(model, loader):
+            model.eval()
+            preds = [model(**b).logits.argmax(-1) for b in loader]  # expect: BL502
+            return torch.cat(preds)
+
+
+        def predict(model, batches):
+            return torch.cat([model(x) for x in batches])  # expect: BL502
+
+
+        def fine(model, loader):
+            model.eval()
+            with torch.no_grad():
+                preds = [model(**b).logits for b in loader]
+            return preds
+
+
+        def train(model, loader, opt):
+            for batch in loader:
+                losses = [model(**mb).loss for mb in batch]
+                sum(losses).backward()
+                opt.step()
+
+
+        def evaluate_window(model, loader):
+            model.eval()
+            losses = [model(**b).loss for b in loader]
+            torch.stack(losses).mean().backward()
+        """)
+    diags = lint(src, codes=("BL502",))
+    assert sorted((d.code, d.start.row) for d in diags) == marked(src)
+    res = apply_fixes(src, diags)
+    assert "    with torch.no_grad():\n        preds = [model(**b).logits.argmax(-1) for b in loader]" in res.text
+    assert "    with torch.no_grad():\n        return torch.cat([model(x) for x in batches])" in res.text
+    assert lint(res.text, codes=("BL502",)) == []

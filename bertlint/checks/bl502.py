@@ -39,6 +39,30 @@ def loop_accumulators(flow, loop) -> set[str]:
     return out
 
 
+_COMPS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+
+
+def _comprehension_statement(flow, call):
+    """The simple statement line holding a comprehension whose element (not its iterable) is ``call``'s
+    expression, e.g. ``preds = [model(b) for b in loader]``; None otherwise."""
+    cur, child = flow.parent.get(call), call
+    comp = None
+    while cur is not None:
+        if isinstance(cur, _COMPS):
+            if child is getattr(cur, "elt", None) or child is getattr(cur, "key", None) or \
+                    child is getattr(cur, "value", None):
+                comp = cur
+            else:
+                return None  # in the iterable / condition part
+        elif isinstance(cur, cst.SimpleStatementLine):
+            return cur if comp is not None else None
+        elif isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.BaseCompoundStatement,
+                              cst.SimpleStatementSuite)):
+            return None
+        child, cur = cur, flow.parent.get(cur)
+    return None
+
+
 def multiline_string_inside(node: cst.CSTNode) -> bool:
     found = []
 
@@ -95,7 +119,8 @@ def check(ctx) -> None:
     for c in flow.calls:
         if not flow.is_forward(c):
             continue
-        loop = flow.loop_of(c)
+        # the innermost iteration: a comprehension's statement, else the enclosing for / while loop
+        loop = _comprehension_statement(flow, c) or flow.loop_of(c)
         if loop is None:
             continue
         groups.setdefault(loop, []).append(c)
@@ -115,7 +140,25 @@ def check(ctx) -> None:
             continue
         # results that flow into a backward of the same scope make this a (deferred) training loop
         bnames = flow.backward_names(scope)
-        if bnames and flow.derived(loop_accumulators(flow, loop), scope, after=loop) & bnames:
+        if isinstance(loop, cst.SimpleStatementLine):  # a comprehension: its statement's targets
+            outer = flow.loop_of(loop)
+            if outer is not None and flow.has_backward(outer):
+                continue
+            seeds = set()
+            returned = False
+            for small in loop.body:
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        seeds.update(target_names(t.target))
+                elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                    seeds.update(target_names(small.target))
+                elif isinstance(small, cst.Return):
+                    returned = True
+            if returned and scope is not None and flow.call_sites(scope) is None:
+                continue  # returned to callers we cannot see
+        else:
+            seeds = loop_accumulators(flow, loop)
+        if bnames and flow.derived(seeds, scope, after=loop) & bnames:
             continue
         fwd = fwds[0]
         fwd_text = ctx.module.code_for_node(fwd.func)
