@@ -1113,3 +1113,29 @@ def test_bl502_comprehensions():
     assert "    with torch.no_grad():\n        preds = [model(**b).logits.argmax(-1) for b in loader]" in res.text
     assert "    with torch.no_grad():\n        return torch.cat([model(x) for x in batches])" in res.text
     assert lint(res.text, codes=("BL502",)) == []
+
+
+def test_bl501_item_fix_safe_only_for_scalar_losses():
+    src = """
+        import torch
+        import torch.nn as nn
+
+        crit = nn.CrossEntropyLoss(reduction="none")
+
+        def train(model, loader, optimizer):
+            a = 0.0
+            b = 0.0
+            for x, y in loader:
+                out = model(x)
+                hf_loss = out.loss
+                per_item_loss = crit(out.logits, y)
+                hf_loss.backward()
+                optimizer.step()
+                a += hf_loss
+                b += per_item_loss
+            print(a / 10, b / 10)
+        """
+    diags = {d.start.row: d for d in lint(src, codes=("BL501",))}
+    assert sorted(diags) == [16, 17]
+    assert diags[16].fix.applicability.value == "safe" and diags[16].fix.edits[0].content == "hf_loss.item()"
+    assert diags[17].fix.applicability.value == "unsafe"

@@ -179,13 +179,48 @@ def _numeric_uses_only(flow, acc: str, loop, scope) -> bool:
     return True
 
 
+def _scalar_loss(flow, value, loop, depth: int = 0) -> bool:
+    """``value`` is certainly a one-element tensor: ``outputs.loss``, ``model(...).loss``, a torch loss without a
+    ``reduction=`` argument, or a name bound (once in the loop) to one of those, possibly divided by a number."""
+    if depth > 3:
+        return False
+    if isinstance(value, cst.Attribute):
+        return value.attr.value == "loss"
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Divide, cst.Multiply)):
+        return _scalar_loss(flow, value.left, loop, depth + 1) and not flow.carries_graph(value.right, {})
+    if isinstance(value, cst.Call) and flow.loss_kind(value) == "saving" and not any(
+            a.keyword is not None and a.keyword.value == "reduction" for a in value.args):
+        return not isinstance(value.func, cst.Call) and not _reduction_module(flow, value)
+    if isinstance(value, cst.Name):
+        binds = [a for a in flow.assigns.get(flow.scope_of(loop), []) if flow.inside(a, loop) and
+                 isinstance(a, cst.Assign) and len(a.targets) == 1 and
+                 isinstance(a.targets[0].target, cst.Name) and a.targets[0].target.value == value.value]
+        return len(binds) == 1 and _scalar_loss(flow, binds[0].value, loop, depth + 1)
+    return False
+
+
+def _reduction_module(flow, call) -> bool:
+    """A criterion built with an explicit ``reduction=`` (``nn.CrossEntropyLoss(reduction="none")``)."""
+    from bertlint.analysis.symbols import dotted as _d
+
+    d = _d(call.func)
+    if not d:
+        return False
+    for a in flow.symbols.assignments.get(d, []):
+        if isinstance(a.value, cst.Call) and any(x.keyword is not None and x.keyword.value == "reduction"
+                                                 for x in a.value.args):
+            return True
+    return False
+
+
 def _fix(ctx, flow, acc, value, form, loop, scope):
     code = ctx.module.code_for_node(value)
     simple = isinstance(value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) and not value.lpar
     wrapped = code if simple else f"({code})"
     is_loss = "loss" in code.rsplit(".", 1)[-1].lower() or "loss" in code.lower().split("(")[0]
     if form in ("+=", "= +") and is_loss:
-        safe = _numeric_uses_only(flow, acc, loop, scope)
+        # .item() needs a one-element tensor: certain for an HF output's `.loss` and a mean-reduced torch loss
+        safe = _numeric_uses_only(flow, acc, loop, scope) and _scalar_loss(flow, value, loop)
         return ctx.fix(f"Accumulate `{wrapped}.item()` (a Python number)",
                        [ctx.edit_replace(value, f"{wrapped}.item()")],
                        Applicability.SAFE if safe else Applicability.UNSAFE)
