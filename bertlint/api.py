@@ -63,9 +63,13 @@ def lint_path(path: str, settings: Optional[Settings] = None) -> list[Diagnostic
 def apply_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = False):
     """Apply the diagnostics' fixes to ``text`` (notebook JSON when the diagnostics carry cells)."""
     from bertlint import fixes
+    from bertlint.sources import kind_of
 
     if any(d.cell is not None for d in diagnostics):
         return fixes.apply_notebook_fixes(text, diagnostics, unsafe=unsafe)
+    names = {d.filename for d in diagnostics}
+    if len(names) == 1 and kind_of(next(iter(names))) == "config":
+        return fixes.apply_fixes(text, diagnostics, unsafe=unsafe, parses=_config_parse_error(next(iter(names))))
     return fixes.apply_fixes(text, diagnostics, unsafe=unsafe)
 
 
@@ -74,7 +78,9 @@ def fix_text(text: str, filename: str, settings: Optional[Settings] = None, *, u
     from bertlint import fixes
     from bertlint.sources import kind_of
 
-    nb = kind_of(filename) == "notebook"
+    kind = kind_of(filename)
+    nb = kind == "notebook"
+    parses = _config_parse_error(filename) if kind == "config" else None
     applied: list[Diagnostic] = []
     failed: list[tuple[Diagnostic, str]] = []
     seen: set = set()
@@ -82,7 +88,10 @@ def fix_text(text: str, filename: str, settings: Optional[Settings] = None, *, u
     for _ in range(rounds):
         if not any(fixes.wanted(d, unsafe) for d in diags):
             break
-        r = fixes.apply_notebook_fixes(text, diags, unsafe=unsafe) if nb else fixes.apply_fixes(text, diags, unsafe=unsafe)
+        if nb:
+            r = fixes.apply_notebook_fixes(text, diags, unsafe=unsafe)
+        else:
+            r = fixes.apply_fixes(text, diags, unsafe=unsafe, parses=parses)
         for d, why in r.failed:
             key = (d.code, d.cell, d.start, d.message)
             if key not in seen:
@@ -94,6 +103,21 @@ def fix_text(text: str, filename: str, settings: Optional[Settings] = None, *, u
         text = r.text
         diags = lint_text(text, filename, settings)
     return text, applied, failed, diags
+
+
+def _config_parse_error(filename: str):
+    """A ``parses`` check for JSON / YAML configuration files (a fix must leave them parseable)."""
+
+    def check(text: str):
+        from bertlint.sources import DecodeError, parse_config_text
+
+        try:
+            parse_config_text(text, filename)
+        except DecodeError as e:
+            return f"{e.message} at {e.row}:{e.column}"
+        return None
+
+    return check
 
 
 @dataclass

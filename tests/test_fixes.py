@@ -220,3 +220,38 @@ def test_fixing_every_fixture_is_idempotent_and_never_breaks_a_file(tmp_path, ca
     capsys.readouterr()
     second = {p: p.read_bytes() for p in sorted(work.rglob("*")) if p.is_file()}
     assert [p.name for p in first if first[p] != second.get(p)] == []
+
+
+def _config_demo(ctx) -> None:
+    if isinstance(ctx.data, dict) and "bad" in ctx.data:
+        p = ctx.key_position(("bad",))
+        e = Edit("good", Position(p.row, p.column + 1), Position(p.row, p.column + 4))
+        ctx.report_at(p.row, p.column, "rename", fix=Fix("rename the key", Applicability.SAFE, (e,)))
+    if isinstance(ctx.data, dict) and "breaks" in ctx.data:
+        p = ctx.key_position(("breaks",))
+        e = Edit("{", Position(p.row, p.column), Position(p.row, p.column))
+        ctx.report_at(p.row, p.column, "break", fix=Fix("break it", Applicability.SAFE, (e,)))
+
+
+@pytest.fixture
+def config_rule():
+    registry.all_rules()
+    registry.rule("BL995", "demo-config", Severity.WARNING, "config demo", fix=Applicability.SAFE, targets=("config",))(
+        _config_demo
+    )
+    yield
+    registry._RULES.pop("BL995", None)
+
+
+@pytest.mark.parametrize("name, text, fixed", [
+    ("ds.json", '{"bad": 1}\n', '{"good": 1}\n'),
+    ("acc.yaml", "x: 1\n'bad': 2\n", "x: 1\n'good': 2\n"),
+])
+def test_config_fixes_are_checked_with_the_config_parser(config_rule, name, text, fixed):
+    new, applied, failed, remaining = fix_text(text, name, Settings(select=["BL995"]))
+    assert new == fixed and len(applied) == 1 and failed == [] and remaining == []
+    broken = text.replace("bad", "breaks")
+    new, applied, failed, _ = fix_text(broken, name, Settings(select=["BL995"]))
+    assert new == broken and applied == [] and failed and failed[0][1].startswith("BL995: the fix was reverted")
+    r = apply_fixes(text, lint_text(text, name, Settings(select=["BL995"])))
+    assert r.text == fixed
