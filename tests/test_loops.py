@@ -390,3 +390,21 @@ def test_window_loop_style():
     assert w.backwards[0].per_micro_batch
     assert all(e.per_window for e in w.steps) and w.of("opt_zero")[0].per_window
     assert codes(src) == []
+
+
+def test_truthy_modulo_gates():
+    src = """
+    import torch
+    accum_steps = 4
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, b in enumerate(dl):
+        (model(b).loss / accum_steps).backward()
+        if not (i + 1) % accum_steps:
+            opt.step()
+            opt.zero_grad()
+    """
+    loop = model(src).loops[0]
+    g = loop.steps[0].frequency_gates[0]
+    assert g.kind == "modulo" and g.on_boundary and g.offset == 1
+    assert codes(src) == []
+    assert [c for c, _ in codes(src.replace("(i + 1) % accum_steps", "i % accum_steps"))] == ["BL107"]

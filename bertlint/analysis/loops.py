@@ -178,6 +178,7 @@ class Gate:
     eq_zero: bool = True  # ``== 0`` (True) or ``!= 0`` (False)
     last_clause: bool = False  # ``or i + 1 == len(dl)`` / ``or is_last``
     extra: bool = False  # combined with ``and`` other conditions
+    in_else: bool = False  # the event is in the ``else`` branch of this test (or after ``if test: continue``)
 
     @property
     def is_frequency(self) -> bool:
@@ -1088,7 +1089,7 @@ class _LoopWalker:
                 g = self._gate(stmt.test, func)
                 self._mark_test(g, stmt)
                 self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
-                gates = gates + (_negate(g),)
+                gates = gates + (_else(g),)
                 continue
             self._stmt(stmt, stmts, gates, acc, nosync, via, cls, func, depth)
 
@@ -1108,7 +1109,7 @@ class _LoopWalker:
             self._exprs(stmt.test, stmt, block, gates, acc, nosync, via, cls, func, depth)
             self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
             if stmt.orelse is not None:
-                ng = _negate(g)
+                ng = _else(g)
                 if isinstance(stmt.orelse, cst.If):
                     self._stmt(stmt.orelse, block, gates + (ng,), acc, nosync, via, cls, func, depth)
                 else:
@@ -1385,6 +1386,13 @@ class _LoopWalker:
             if not any(self._varies(n) for n in names) and not _calls_of(test):
                 return Gate("invariant", test)
             return Gate("unknown", test)
+        # ``if (i + 1) % N:`` (truthy: != 0) / ``if not (i + 1) % N:``
+        if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
+            idx, off = _index_expr(test.left)
+            if idx is None or not self._varies(idx):
+                return Gate("unknown", test)
+            return Gate("modulo", test, index_text=idx, offset=off, modulus=test.right,
+                        modulus_text=code_of(test.right).strip(), eq_zero=False)
         # accelerator.sync_gradients ; engine.is_gradient_accumulation_boundary()
         d = dotted(test)
         if d is not None:
@@ -1435,6 +1443,10 @@ def _copy(g: Gate, **kw) -> Gate:
 
 def _negate(g: Gate) -> Gate:
     return _copy(g, negated=not g.negated)
+
+
+def _else(g: Gate) -> Gate:
+    return _copy(g, negated=not g.negated, in_else=not g.in_else)
 
 
 def _unparen(e: cst.BaseExpression) -> cst.BaseExpression:

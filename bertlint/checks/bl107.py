@@ -33,13 +33,16 @@ def check(ctx) -> None:
                     continue
                 seen.add(id(g.node))
                 n = str(nv) if nv is not None else "N"
-                when = (f"`{g.text}`" if g.eq_zero and not g.negated
-                        else f"the `else` of `{g.text}`" if g.negated else f"`{g.text}`")
+                idx = f"({g.index_text} + {g.offset})" if g.offset > 0 else g.index_text
+                plain = g.text.replace(" ", "") == f"{idx}%{g.modulus_text}==0".replace(" ", "")
+                when = f"when `{idx} % {g.modulus_text} == 0`" + (
+                    "" if plain else f" (the `else` of `{g.text}`)" if g.in_else else f" (`{g.text}`)"
+                )
                 seq = f"1, {nv + 1}, {2 * nv + 1}" if nv is not None else "1, N+1, 2N+1"
                 _ga.report(
                 ctx, loop,
                     g.node,
-                    f"The optimizer steps on {when}, which holds on the very first micro-batch (`{g.index_text}` "
+                    f"The optimizer steps {when}, which holds on the very first micro-batch (`{g.index_text}` "
                     f"starts at 0): the first update is made from 1 micro-batch instead of {n} "
                     f"(`{g.modulus_text}`), and every later window is shifted by one (updates after micro-batches "
                     f"{seq}, …). Step when `({g.index_text} + 1) % {g.modulus_text} == 0`, or use `enumerate(..., 1)`. "
