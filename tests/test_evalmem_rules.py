@@ -1139,3 +1139,24 @@ def test_bl501_item_fix_safe_only_for_scalar_losses():
     assert sorted(diags) == [16, 17]
     assert diags[16].fix.applicability.value == "safe" and diags[16].fix.edits[0].content == "hf_loss.item()"
     assert diags[17].fix.applicability.value == "unsafe"
+
+
+def test_bl502_gradient_users_not_reported():
+    check("""
+        import torch
+        from captum.attr import Saliency
+
+        def evaluate_saliency(model, loader):
+            model.eval()
+            sal = Saliency(model)
+            for x, y in loader:
+                x.requires_grad_()
+                out = model(x)
+                maps = sal.attribute(x, target=y)
+
+        def test_jacobian(model, loader):
+            model.eval()
+            for x in loader:
+                out = model(x)
+                j = torch.autograd.functional.jacobian(model, x)
+        """)

@@ -13,7 +13,7 @@ import libcst as cst
 
 from bertlint.analysis.evalflow import (ENABLED, eval_reason, forward_receiver, frozen, names_in, no_grad_expr,
                                         target_names)
-from bertlint.analysis.symbols import dotted
+from bertlint.analysis.symbols import dotted, literal
 from bertlint.registry import rule
 from bertlint.types import Applicability, Edit, Position, Severity
 
@@ -37,6 +37,25 @@ def loop_accumulators(flow, loop) -> set[str]:
                 if d and "." not in d:
                     out.add(d)
     return out
+
+
+_GRAD_USE = {"requires_grad_", "retain_grad", "register_hook", "attribute", "jacobian", "hessian", "vjp", "jvp",
+             "hvp", "vhp", "grad"}
+
+
+def _uses_gradients(flow, loop) -> bool:
+    """The loop wants gradients without a visible backward: inputs made to require grad (saliency), Captum's
+    ``attribute``, ``torch.autograd.functional``, hooks on tensors."""
+    for c in flow.calls_in(loop):
+        func = c.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else (func.value if isinstance(func, cst.Name)
+                                                                        else "")
+        if name in _GRAD_USE:
+            if name == "requires_grad_" and c.args and literal(c.args[0].value) is False:
+                continue
+            return True
+    code = flow.module.code_for_node(loop)
+    return "requires_grad = True" in code or "requires_grad=True" in code
 
 
 _COMPS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
@@ -130,7 +149,7 @@ def check(ctx) -> None:
             continue
         if any(flow.grad_state(c) != ENABLED for c in fwds):
             continue
-        if flow.has_backward(loop):
+        if flow.has_backward(loop) or _uses_gradients(flow, loop):
             continue
         receivers = {forward_receiver(c) or "" for c in fwds}
         if any(frozen(flow, r) for r in receivers if r):
