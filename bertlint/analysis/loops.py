@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Union
+from typing import Iterator, Optional, Union
 
 import libcst as cst
 
 from bertlint.analysis.symbols import (
-    UNKNOWN,
     SymbolTable,
     Resolver,
     call_name,
@@ -1029,10 +1028,6 @@ def _terminates(suite: cst.BaseSuite) -> bool:
     return False
 
 
-def _strip_parens(e: cst.BaseExpression) -> cst.BaseExpression:
-    return e
-
-
 class _LoopWalker:
     def __init__(self, f: FileLoops, loop: TrainingLoop, micro: Optional[cst.CSTNode] = None) -> None:
         self.f = f
@@ -1196,8 +1191,6 @@ class _LoopWalker:
                     if not isinstance(other, (cst.Integer, cst.Float)):
                         self.seq += 1
                         loop.accum_adds.append((tname, small, self.seq, gates))
-            if tname and isinstance(v, cst.BinaryOperation) and isinstance(v.operator, (cst.Add,)) and False:
-                pass
         self._exprs(small, stmt, block, gates, acc, nosync, via, cls, func, depth)
 
     def _exprs(self, node, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
@@ -1354,7 +1347,6 @@ class _LoopWalker:
             left, right = test.left, ct.comparator
             # X % M == 0 / != 0
             for a, b in ((left, right), (right, left)):
-                a = _unparen(a)
                 if (
                     isinstance(a, cst.BinaryOperation)
                     and isinstance(a.operator, cst.Modulo)
@@ -1449,10 +1441,6 @@ def _else(g: Gate) -> Gate:
     return _copy(g, negated=not g.negated, in_else=not g.in_else)
 
 
-def _unparen(e: cst.BaseExpression) -> cst.BaseExpression:
-    return e
-
-
 def _index_expr(e: cst.BaseExpression) -> tuple[Optional[str], int]:
     """``i`` -> ("i", 0); ``i + 1`` -> ("i", 1); ``(self.step + 1)`` -> ("self.step", 1)."""
     d = dotted(e)
@@ -1493,7 +1481,7 @@ def _body_list(suite) -> list:
     if isinstance(suite, cst.IndentedBlock):
         return list(suite.body)
     if isinstance(suite, cst.SimpleStatementSuite):
-        return [cst.SimpleStatementLine(body=suite.body)] if False else [suite]
+        return [suite]
     return []
 
 
