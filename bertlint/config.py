@@ -308,17 +308,25 @@ def _mentions_bertlint(path: str) -> bool:
         return False
 
 
-_SETTINGS_CACHE: dict[str, Settings] = {}
+_SETTINGS_CACHE: dict[str, tuple[tuple, Settings]] = {}
 
 
 def load_settings(path: str) -> Settings:
-    """Settings for the file or folder ``path``: the nearest configuration above it, else the defaults."""
+    """Settings for the file or folder ``path``: the nearest configuration above it, else the defaults.
+    Re-read when the configuration file changes (a long-running language server sees edits)."""
     cfg = find_config(path)
     if cfg is None:
         return Settings()
-    if cfg not in _SETTINGS_CACHE:
-        _SETTINGS_CACHE[cfg] = read_config_file(cfg) or Settings()
-    return _SETTINGS_CACHE[cfg]
+    try:
+        st = os.stat(cfg)
+        stamp: tuple = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = ()
+    hit = _SETTINGS_CACHE.get(cfg)
+    if hit is None or hit[0] != stamp:
+        hit = (stamp, read_config_file(cfg) or Settings(config_path=os.path.abspath(cfg)))
+        _SETTINGS_CACHE[cfg] = hit
+    return hit[1]
 
 
 def clear_caches() -> None:

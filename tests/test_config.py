@@ -179,3 +179,12 @@ def test_per_file_ignores_and_exclude_globs(tmp_path):
     assert s.is_excluded(str(tmp_path / "a" / "b.gen.py"))
     assert not s.is_excluded(str(tmp_path / "train.py"))
     assert path_matches(os.path.join("a", "b", "c.py"), "b/*.py", None)
+
+
+def test_settings_are_reread_when_the_file_changes(tmp_path):
+    cfg = write(tmp_path / "pyproject.toml", '[tool.bertlint]\nignore = ["BL1"]\n')
+    f = write(tmp_path / "train.py", "")
+    assert load_settings(str(f)).ignore == ["BL1"]
+    cfg.write_text('[tool.bertlint]\nignore = ["BL2", "BL3"]\n')
+    os.utime(cfg, ns=(1, 10**18))
+    assert load_settings(str(f)).ignore == ["BL2", "BL3"]
