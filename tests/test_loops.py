@@ -408,3 +408,10 @@ def test_truthy_modulo_gates():
     assert g.kind == "modulo" and g.on_boundary and g.offset == 1
     assert codes(src) == []
     assert [c for c, _ in codes(src.replace("(i + 1) % accum_steps", "i % accum_steps"))] == ["BL107"]
+
+
+def test_units_divided_and_multiplied_back_is_unknown():
+    f = model("t_total = len(dl) // args.gradient_accumulation_steps * 3\nmicro = t_total * args.gradient_accumulation_steps\n")
+    assert f.units_of(cst.parse_expression("t_total"), None) == "optimizer-steps"
+    assert f.units_of(cst.parse_expression("micro"), None) == "unknown"
+    assert f.units_of(cst.parse_expression("args.max_steps * args.gradient_accumulation_steps"), None) == "micro-batches"

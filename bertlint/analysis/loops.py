@@ -783,19 +783,19 @@ class FileLoops:
 
     def units_of(self, expr: Optional[cst.BaseExpression], func, accum_text: Optional[str] = None) -> str:
         """Units of a schedule length / step budget: ``optimizer-steps`` (divided by the accumulation factor
-        somewhere along its definition), ``micro-batches`` (``len(dl) * epochs`` with no division), or
-        ``unknown``."""
+        somewhere along its definition), ``micro-batches`` (multiplied by it, or ``len(dl) * epochs`` with no
+        division), or ``unknown`` (not visible, or divided and multiplied back)."""
         if expr is None:
             return "unknown"
-        texts: list[str] = []
+        nodes: list = []
         seen: set = set()
         unresolved = [False]
 
-        def walk(e: cst.BaseExpression, f, depth: int) -> None:
+        def walk_def(e: cst.BaseExpression, f, depth: int) -> None:
             if depth > 5:
                 unresolved[0] = True
                 return
-            texts.append(code_of(e))
+            nodes.append(e)
             for name in _names_in(e):
                 if name in seen:
                     continue
@@ -807,18 +807,32 @@ class FileLoops:
                         unresolved[0] = True
                     continue
                 for a in assigns[:4]:
-                    walk(a.value, a.func, depth + 1)
+                    walk_def(a.value, a.func, depth + 1)
 
-        walk(expr, func, 0)
-        joined = "\n".join(texts)
-        divs = re.findall(r"(?:/|//)\s*\(?\s*([A-Za-z_][\w.]*)", joined)
-        if any(ACCUM_RE.search(d) or (accum_text and d == accum_text) for d in divs):
+        walk_def(expr, func, 0)
+
+        def accumish(e) -> bool:
+            d = dotted(e)
+            return d is not None and bool(ACCUM_RE.search(d) or (accum_text and d == accum_text))
+
+        has_div = has_mul = False
+        texts = []
+        for root in nodes:
+            texts.append(code_of(root))
+            for n in walk(root):
+                if type(n) is cst.BinaryOperation:
+                    op = type(n.operator)
+                    if op in (cst.Divide, cst.FloorDivide) and accumish(n.right):
+                        has_div = True
+                    elif op is cst.Multiply and (accumish(n.left) or accumish(n.right)):
+                        has_mul = True
+        if has_div and has_mul:
+            return "unknown"  # divided and multiplied back somewhere along the way: do not guess
+        if has_div:
             return "optimizer-steps"
-        if re.search(r"ceil\s*\(", joined) and any(ACCUM_RE.search(d) for d in re.findall(r"[\w.]+", joined)):
-            return "optimizer-steps"
-        mults = re.findall(r"\*\s*\(?\s*([A-Za-z_][\w.]*)", joined) + re.findall(r"([A-Za-z_][\w.]*)\s*\)?\s*\*(?!\*)", joined)
-        if any(ACCUM_RE.search(m) or (accum_text and m == accum_text) for m in mults):
+        if has_mul:
             return "micro-batches"
+        joined = "\n".join(texts)
         if "len(" in joined and not unresolved[0] and not re.search(r"\.\s*max_(train_)?steps", joined):
             return "micro-batches"
         return "unknown"
