@@ -186,6 +186,8 @@ class Recorder:
         self.mem = MemoryTracker(limit=cfg.get("memory_limit"))
         self.t_start = time.monotonic()
         self._eval_after_bound = 0
+        self.hook_marks: list = []  # hook seconds (cumulative) at each optimizer step
+        self.hook_s = 0.0  # seconds spent in the verifier's own bookkeeping (not counting saved-tensor packing)
 
     # ---- helpers -----------------------------------------------------------------------------------------
     def _is_user(self, filename: str) -> bool:
@@ -289,6 +291,7 @@ class Recorder:
 
     def safe(self, fn, *a, **kw):
         """Run a bookkeeping function; a bug in bertlint must never break the user's script."""
+        t0 = time.perf_counter()
         try:
             return fn(*a, **kw)
         except (VerifyStop, torch.OutOfMemoryError):
@@ -297,6 +300,8 @@ class Recorder:
             if len(self.patch_errors) < 50:
                 self.patch_errors.append(f"{getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}")
             return None
+        finally:
+            self.hook_s += time.perf_counter() - t0
 
     def _patch_error(self, name, e) -> None:
         self.patch_errors.append(f"{name}: {type(e).__name__}: {e}")
@@ -727,6 +732,8 @@ class Recorder:
             except Exception:
                 pass
             self._bf16_sample = None
+        if len(self.hook_marks) < 10000:
+            self.hook_marks.append(round(self.hook_s + self.mem.pack_s, 5))
         self.ev("optimizer_step", opt=type(opt).__name__, line=w.get("line") if w else None)
         self.mem.update_opt_states()
         self.mem.phase_end("optimizer", self.mb, self.opt_steps)
@@ -1170,6 +1177,9 @@ class Recorder:
             "microbatches": self.mb,
             "optimizer_steps": self.opt_steps,
             "wall_s": round(time.monotonic() - self.t_start, 3),
+            "hook_s": round(self.hook_s, 4),
+            "pack_s": round(self.mem.pack_s, 4),
+            "hook_s_at_steps": self.hook_marks,
             "counts": dict(self.counts),
             "lines": {k: dict(v) for k, v in self.lines.items()},
             "windows": self.windows,

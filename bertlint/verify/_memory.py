@@ -79,6 +79,7 @@ class MemoryTracker:
         self.enabled = True
         self._ctx = None
         self._packs = 0
+        self.pack_s = 0.0
         self.nvml: dict[str, Any] = {}
 
     # ---- saved tensors (activations) ---------------------------------------------------------------------
@@ -92,6 +93,13 @@ class MemoryTracker:
     def _pack(self, t):
         if not self.enabled:
             return t
+        t0 = time.perf_counter()
+        try:
+            return self._pack_inner(t)
+        finally:
+            self.pack_s += time.perf_counter() - t0
+
+    def _pack_inner(self, t):
         ks = _storage_key(t)
         if ks is None:
             return t
