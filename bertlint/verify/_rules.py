@@ -614,7 +614,7 @@ def check_bl501(run: Run, d) -> tuple:
                            f"forwards (+{mib(eg[2])} per batch): every batch's activations stay alive")
     seen = acc and any(k.split("@")[0] == acc for k in (run.r.get("locals_graph") or {}))
     evaluation = bool(d.data.get("evaluation")) if isinstance(d.data, dict) else False
-    n_eval = run.r.get("eval_forwards") or 0
+    n_eval = sum(x[3] - (x[4] if len(x) > 4 else 0) for x in run.r.get("forward_lines") or [] if x[1] is False)
     if evaluation and not seen and n_eval >= 3 and not eg:
         return REFUTED, (f"over {n_eval} evaluation forwards no variable{' `' + acc + '`' if acc else ''} held a "
                          f"graph-carrying tensor and the saved-for-backward bytes alive did not grow")
