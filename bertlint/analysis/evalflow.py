@@ -744,7 +744,7 @@ class EvalFlow:
         last = final(name) if name else (c.func.attr.value if isinstance(c.func, cst.Attribute) else "")
         if last in _BACKWARD_CALLS:
             return True
-        if name in ("torch.autograd.grad", "autograd.grad", "grad") and name != "grad":
+        if name in ("torch.autograd.grad", "autograd.grad"):
             return True
         q = self.symbols.qualname(c.func) if isinstance(c.func, (cst.Name, cst.Attribute)) else None
         return q in ("torch.autograd.grad", "torch.autograd.backward")
@@ -1052,18 +1052,6 @@ class EvalFlow:
                     return False
                 return self.tensorish(func.value, env)
         return False
-
-
-def get(ctx) -> EvalFlow:
-    """``ctx.evalflow`` when the context has it, else a fresh one (tests)."""
-    flow = getattr(ctx, "_evalflow_cache", None)
-    if flow is None:
-        flow = EvalFlow(ctx.module, ctx.symbols, getattr(ctx, "filename", "") or "")
-        try:
-            ctx._evalflow_cache = flow
-        except Exception:
-            pass
-    return flow
 
 
 # ---------------------------------------------------------------------- helpers on top of EvalFlow used by rules
