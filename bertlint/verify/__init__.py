@@ -215,7 +215,8 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
             time.sleep(0.5)
             records = _load_records(record_dir, t0)
     wall = time.time() - t0
-    res = _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc)
+    res = _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc,
+                 shown_name=str(path))
     if report_dir:
         from bertlint.verify._report import write_report_dir
         from bertlint.verify._rules import Run
@@ -232,12 +233,14 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
     return res
 
 
-def _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc) -> VerifyResult:
+def _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc,
+           shown_name=None) -> VerifyResult:
     from bertlint.types import Diagnostic, Position, Severity, Verification
     from bertlint.verify._report import memory_report, report_text
     from bertlint.verify._rules import NOT_RUN, Run, runtime_findings, verify_diagnostic
 
     lines = source.splitlines()
+    shown_name = shown_name or script
     run = Run(records, static_n)
     if not records:
         why = "the run was killed at the timeout before it wrote its record" if killed else (
@@ -274,7 +277,7 @@ def _build(script, source, diagnostics, mine, records, static_n, settings, wall,
             continue
         text = lines[row - 1] if 1 <= row <= len(lines) else ""
         col = len(text) - len(text.lstrip()) + 1
-        d = Diagnostic(meta.code, meta.name, meta.severity, f["message"], diagnostics[0].filename if mine else script,
+        d = Diagnostic(meta.code, meta.name, meta.severity, f["message"], mine[0].filename if mine else shown_name,
                        Position(row, col), Position(row, max(len(text) + 1, col)),
                        verification=Verification("confirmed", f["evidence"]), data={"runtime_only": True})
         if is_suppressed is not None and is_suppressed(d, lines):
