@@ -234,5 +234,13 @@ def apply_notebook_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bo
         return FixResult(text, [], failed)
     for c, s in zip(cells, sources):
         c["source"] = s.splitlines(keepends=True)
-    out = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    # keep the file's own layout: indentation, ASCII escapes, final newline (nbformat writes indent=1)
+    import re
+
+    m = re.search(r'\n([ \t]+)"', text)
+    indent = len(m.group(1).expandtabs(8)) if m else 1
+    ascii_only = text.isascii() and "\\u" in text
+    out = json.dumps(nb, indent=indent, ensure_ascii=ascii_only)
+    if text.endswith("\n"):
+        out += "\n"
     return FixResult(out, sorted(applied, key=lambda d: d.sort_key()), failed)

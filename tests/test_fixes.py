@@ -255,3 +255,13 @@ def test_config_fixes_are_checked_with_the_config_parser(config_rule, name, text
     assert new == broken and applied == [] and failed and failed[0][1].startswith("BL995: the fix was reverted")
     r = apply_fixes(text, lint_text(text, name, Settings(select=["BL995"])))
     assert r.text == fixed
+
+
+def test_notebook_fix_keeps_the_json_layout(demo_rule, tmp_path):
+    nb = {"cells": [{"cell_type": "code", "source": ["import torch\n", "old_api('é')"], "metadata": {},
+                     "outputs": [], "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    p = tmp_path / "nb.ipynb"
+    p.write_text(json.dumps(nb, indent=2, ensure_ascii=True))  # no final newline, \u escapes
+    assert main(["--select", "BL999", "--fix", str(p)]) == 0
+    nb["cells"][0]["source"][1] = "new_api('é')"
+    assert p.read_text() == json.dumps(nb, indent=2, ensure_ascii=True)
