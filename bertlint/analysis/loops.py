@@ -12,6 +12,20 @@ GradScaler / clipping / zero_grad / backward / DeepSpeed engine) as an :class:`E
 Everything is resolved from the import table of :mod:`bertlint.analysis.symbols` (no ScopeProvider /
 QualifiedNameProvider). Anything the analysis cannot understand yields no facts, never an exception; rules
 read only positive facts, so unknown code produces no finding.
+
+API for rules (``ctx.loops`` is a :class:`FileLoops`)::
+
+    for loop in ctx.loops:                     # TrainingLoop, innermost loop running a backward (or window loop)
+        loop.owner                             # plain | accelerate | accelerate-manual | deepspeed | fabric | ...
+        loop.accum()                           # AccumFactor(text, value|None, source) or None
+        for e in loop.steps:                   # Event: kind, call, gates, per_micro_batch / per_window / inverse
+            ...
+        loop.loss_divisions(), loop.counters, loop.index, loop.no_sync_blocks, loop.accum_adds
+    ctx.loops.kinds                            # variable -> optimizer | scheduler | scaler | accelerator | engine ...
+    ctx.loops.accelerator_ga                   # AccumFactor of Accelerator / plugins, None when not configured
+    ctx.loops.accelerator_deepspeed            # the DeepSpeedPlugin expression, if any
+    ctx.loops.deepspeed_initialize             # deepspeed.initialize(...) calls
+    ctx.loops.units_of(expr, func)             # optimizer-steps | micro-batches | unknown
 """
 
 from __future__ import annotations
