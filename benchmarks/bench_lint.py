@@ -11,6 +11,7 @@
     python benchmarks/bench_lint.py                       # everything
     python benchmarks/bench_lint.py --runs 11 --no-trees  # latency only
     python benchmarks/bench_lint.py --trees accelerate --limit 200 --json out.json
+    python benchmarks/bench_lint.py --profile             # where one lint spends its time (per analysis / rule)
 
 Nothing here imports torch / transformers / accelerate: the trees are located with importlib.util.find_spec.
 """
@@ -200,6 +201,53 @@ def trees(names: list[str], limit: int, jobs: int) -> list[dict]:
     return out
 
 
+def profile(files: list[str]) -> list[dict]:
+    """In-process CPU time of each stage for each file: parse, each shared analysis, each rule, positions."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    import libcst as cst
+
+    from bertlint import registry
+    from bertlint.config import Settings
+    from bertlint.context import FileContext
+
+    pt = time.process_time
+    rules = registry.all_rules()
+    out = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+        t = pt()
+        module = cst.parse_module(src)
+        row = {"file": os.path.relpath(path), "parse": pt() - t}
+        ctx = FileContext(path, src, module, Settings())
+        for name in ("index", "symbols", "resolver", "versions", "setup", "loops", "evalflow"):
+            t = pt()
+            try:
+                getattr(ctx, name)
+            except Exception as e:  # an analysis that is not there (yet) or fails
+                row[f"analysis:{name}"] = f"error: {type(e).__name__}"
+                continue
+            row[f"analysis:{name}"] = pt() - t
+        for r in rules:
+            ctx.current = r.meta
+            t = pt()
+            try:
+                r.check(ctx)
+            except Exception as e:
+                row[r.meta.code] = f"error: {type(e).__name__}"
+                continue
+            row[r.meta.code] = pt() - t
+        t = pt()
+        ctx.positions
+        row["positions (only with findings)"] = pt() - t
+        out.append(row)
+        print(f"{row['file']}: parse {row['parse']:.3f} s CPU", flush=True)
+        timed = sorted(((k, v) for k, v in row.items() if isinstance(v, float) and k != "parse"), key=lambda kv: -kv[1])
+        for k, v in timed[:12]:
+            print(f"    {k:<32} {v:.3f} s", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
@@ -209,9 +257,13 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="lint an even sample of N files of each tree")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--profile", action="store_true", help="CPU time per stage, analysis and rule (in-process)")
     ap.add_argument("--bertlint-args", default="", help="extra options for the latency runs (e.g. '--select BL001')")
     a = ap.parse_args()
     result: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    if a.profile:
+        result["profile"] = profile([os.path.join(DATA, n) for n in ("train_small.py", "train_large.py")])
+        return 0
     if not a.no_latency:
         result["latency"] = latency(a.runs, a.bertlint_args.split())
     if not a.no_trees:
