@@ -9,6 +9,8 @@ what-if table.
     python benchmarks/bench_memory.py                # the grid (about 10-15 min on 2 cores) + speed
     python benchmarks/bench_memory.py --quick        # 4 small rows + speed
     python benchmarks/bench_memory.py --json out.json
+    python benchmarks/bench_memory.py --speed-only   # bert-large simulation times
+    python benchmarks/bench_memory.py --memtracker   # cross-check against torch's MemTracker (fake steps only)
 """
 
 from __future__ import annotations
@@ -181,9 +183,17 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--speed-only", action="store_true", help="only the speed section")
     p.add_argument("--memtracker", action="store_true",
                    help="only the cross-check against torch's MemTracker on the same fake step (fast)")
     a = p.parse_args(argv)
+    if a.speed_only:
+        print("speed", flush=True)
+        sp = speed()
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"speed": sp}, f, indent=2)
+        return 0
     if a.memtracker:
         print("cross-check: bertlint's tracker vs torch's MemTracker, same fake step, CPU storage rules", flush=True)
         grid = GRID + [("bert-base-uncased", 32, 512, "fp32", False), ("bert-large-uncased", 8, 512, "fp32", False)]
