@@ -16,6 +16,8 @@ from typing import Any, Optional, Union
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 
 class _Unknown:
     _inst = None
@@ -432,5 +434,5 @@ def _num(v: Any) -> bool:
 
 def build(module: cst.Module) -> SymbolTable:
     t = SymbolTable()
-    module.visit(t)
+    walk(module, t)
     return t
