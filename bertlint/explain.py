@@ -22,6 +22,8 @@ from typing import Any, Callable, Optional
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, kwarg
 
 _MEMORY_ESTIMATOR: Optional[Callable] = None
@@ -169,7 +171,7 @@ def _seq_len(ctx, setup, arg: Optional[int]) -> tuple[Optional[int], str]:
                     self.found.append(v)
 
     v = V()
-    ctx.module.visit(v)
+    walk(ctx.module, v)
     if v.found:
         return max(v.found), "tokenizer max_length in the script (an upper bound with dynamic padding)"
     arch = (setup.model.architecture if setup.model else None) or {}
@@ -402,7 +404,7 @@ def _loop_batch_size(ctx, lp) -> tuple[Optional[int], str]:
                     e = node.args[1].value
                 vals.add(ctx.resolver.int_value(e) if e is not None else 1)
 
-    ctx.module.visit(V())
+    walk(ctx.module, V())
     if len(vals) == 1 and None not in vals:
         return vals.pop(), "DataLoader batch_size"
     if not vals:  # no DataLoader: a batch-size constant of the script, by its name

@@ -28,6 +28,8 @@ from typing import Any, Iterator, Optional
 
 try:  # libcst is only needed for the script side
     import libcst as cst
+
+    from bertlint.analysis.walk import walk
 except Exception:  # pragma: no cover
     cst = None  # type: ignore
 
@@ -749,7 +751,7 @@ def all_calls(ctx: Any) -> list[tuple[Any, Any, Any]]:
     got = getattr(ctx, "_cf_calls", None)
     if got is None:
         c = _Collector()
-        ctx.module.visit(c)
+        walk(ctx.module, c)
         got = c.calls
         try:
             ctx._cf_calls = got

@@ -31,6 +31,8 @@ from typing import Any, Optional
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, dotted, kwarg, literal, positional
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -555,7 +557,7 @@ class _Builder:
         self.t = ctx.symbols
         self.r = ctx.resolver
         self.col = _Collector()
-        ctx.module.visit(self.col)
+        walk(ctx.module, self.col)
         self.dir = os.path.dirname(os.path.abspath(ctx.filename)) if ctx.filename not in ("-", "<stdin>") else "."
         self.by_call: dict[int, CallSite] = {id(c.call): c for c in self.col.calls}
         self._resolving: set[str] = set()
@@ -1264,7 +1266,7 @@ def _single_return(fdef: cst.FunctionDef) -> Optional[cst.BaseExpression]:
         def visit_FunctionDef(self, node):
             return node is fdef
 
-    fdef.visit(V())
+    walk(fdef, V())
     return rets[0] if len(rets) == 1 else None
 
 

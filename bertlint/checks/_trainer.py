@@ -7,6 +7,8 @@ from typing import Optional
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.symbols import UNKNOWN, code_of
 
 TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMaskedLM", "ForQuestionAnswering",
@@ -69,7 +71,7 @@ def reads_name(fdef: cst.FunctionDef, name: str) -> bool:
         def visit_Parameters(self, node):
             return False
 
-    fdef.body.visit(V())
+    walk(fdef.body, V())
     return bool(found)
 
 

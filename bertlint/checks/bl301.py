@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.symbols import kwarg
 from bertlint.checks._trainer import TRAINER_ONLY_KEYS
 from bertlint.registry import rule
@@ -31,7 +33,7 @@ def check(ctx) -> None:
     t = ctx.symbols
     if "utils.checkpoint" in src or "checkpoint_sequential" in src:
         v = _Calls()
-        ctx.module.visit(v)
+        walk(ctx.module, v)
         for call in v.calls:
             q = t.qualname(call.func)
             if q not in _TORCH_CKPT or kwarg(call, "use_reentrant") is not None:

@@ -24,6 +24,8 @@ from typing import Any, Optional
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis import configfiles as cf
 from bertlint.analysis.symbols import UNKNOWN, call_name, dotted, kwarg, literal, positional
 from bertlint.registry import rule
@@ -145,7 +147,7 @@ def _manual_switch(cls: cst.ClassDef) -> Optional[cst.CSTNode]:
                 def visit_Return(self, r: cst.Return) -> None:
                     rets.append(r)
 
-            stmt.visit(R())
+            walk(stmt, R())
             if rets and all(r.value is not None and literal(r.value) is False for r in rets):
                 hit = hit or stmt
     return hit

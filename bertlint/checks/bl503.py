@@ -7,6 +7,8 @@ import re
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.symbols import call_name, kwarg, literal
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -31,7 +33,7 @@ def check(ctx) -> None:
     if re.search(r"\b(xla|tpu|onnx|torch_xla)\b", src, re.IGNORECASE):
         return  # static shapes wanted on purpose
     v = _Calls()
-    ctx.module.visit(v)
+    walk(ctx.module, v)
     for call in v.calls:
         e = kwarg(call, "padding")
         if e is None or literal(e) != "max_length":

@@ -8,6 +8,8 @@ import re
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.registry import rule
 from bertlint.types import Severity
 
@@ -85,7 +87,7 @@ def check(ctx) -> None:
     src = ctx.source
     if "empty_cache" in src:
         v = _V(ctx.symbols)
-        ctx.module.visit(v)
+        walk(ctx.module, v)
         for call in v.found:
             ctx.report(
                 call,
