@@ -483,7 +483,7 @@ def run(o: Options) -> int:
         except Exception:
             pass
 
-    paths = o.paths or ["."]
+    paths = o.paths or (["-"] if o.stdin_filename else ["."])  # as ruff: --stdin-filename alone reads stdin
     for p in paths:
         if p != "-" and not os.path.exists(p):
             return _err(f"{p}: no such file or directory")

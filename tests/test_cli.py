@@ -231,6 +231,9 @@ def test_stdin_with_filename(monkeypatch, capsys):
     _stdin(monkeypatch, "import torch\nold_api()\n")
     rc, out, _ = run(capsys, *SEL, "--output-format", "concise", "-")
     assert out.startswith("-:2:1: BL999")
+    _stdin(monkeypatch, "import torch\nold_api()\n")
+    rc, out, _ = run(capsys, *SEL, "--output-format", "concise", "--stdin-filename", "t.py")  # no `-` needed
+    assert out.startswith("t.py:2:1: BL999")
 
 
 def test_stdin_fix_prints_fixed_source(monkeypatch, capsys):
