@@ -154,6 +154,7 @@ class Recorder:
         self._scaler_pending = False  # scaled backward since the last update()
         self._scaler_unscaled = False  # unscale_ since the last update()
         self.scaler_seen = False
+        self.skipped_steps = 0
         self.trainer: dict[str, Any] = {}
         self.accel: dict[str, Any] = {}
         self.ds: dict[str, Any] = {"backward": 0, "step": 0, "records": []}
@@ -861,7 +862,12 @@ class Recorder:
         def step(self, optimizer, *a, **kw):
             before = rec.opt_steps
             r = o_step(self, optimizer, *a, **kw)
-            rec.safe(lambda: rec.ev("scaler_step", stepped=rec.opt_steps > before, scale=rec._scaler_scale_now()))
+            stepped = rec.opt_steps > before
+            if not stepped:
+                # inf/NaN gradients: the scaler skipped optimizer.step(); the window still ends here
+                rec.since_step[id(optimizer)] = 0
+                rec.skipped_steps += 1
+            rec.safe(lambda: rec.ev("scaler_step", stepped=stepped, scale=rec._scaler_scale_now()))
             return r
 
         @functools.wraps(o_update)

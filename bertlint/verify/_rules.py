@@ -324,7 +324,8 @@ def check_bl112(run: Run, d) -> tuple:
     clips = run.r.get("clips") or []
     if not clips:
         return INCONCLUSIVE, f"{run.ran_header()}: no gradient clipping observed"
-    step_mbs = {w["mb"] for w in run.windows}
+    step_mbs = {w["mb"] for w in run.windows} | {e["mb"] for e in run.r.get("scaler") or []
+                                                  if e.get("k") == "scaler_step"}  # skipped fp16 steps end windows too
     partial = [c for c in clips if c["mb"] not in step_mbs]
     if partial and run.steps < len(clips):
         norms = ", ".join(g(c.get("norm"), 3) for c in partial[:4])
@@ -717,7 +718,8 @@ def runtime_findings(run: Run, static_codes: set) -> list[dict]:
             "step sees only the last micro-batch. Clear them only right after `optimizer.step()`.", ev)
     # BL112: clipping of partial sums
     clips = run.r.get("clips") or []
-    step_mbs = {w["mb"] for w in run.windows}
+    step_mbs = {w["mb"] for w in run.windows} | {e["mb"] for e in run.r.get("scaler") or []
+                                                  if e.get("k") == "scaler_step"}
     partial = [c for c in clips if c["mb"] not in step_mbs]
     if partial and run.steps and len(partial) >= 2 and any(s > 1 for s in run.sizes()):
         st, ev = check_bl112(run, None)
