@@ -73,6 +73,9 @@ def _jobs(tmp: Path) -> dict:
     add("ddp_split", s.name, ["--mode", "split"], diags=[diag(s, "BL114", 36)], timeout=120)
     s = V / "bl502_good.py"
     add("oom", s.name, memory_limit=2500)
+    s = V / "scaler_skips.py"
+    add("skips", s.name, diags=[diag(s, "BL102", 22), diag(s, "BL112", 19, "W"), diag(s, "BL202", 21),
+                                diag(s, "BL201", 19)])
     s = V / "accelerate_modes.py"
     add("acc_gate0", s.name, ["--mode", "gate0"], diags=[diag(s, "BL108", 28), diag(s, "BL109", 24)])
     add("acc_backward", s.name, ["--mode", "backward"], diags=[diag(s, "BL108", 28), diag(s, "BL109", 24)])
@@ -226,6 +229,15 @@ def test_simulated_out_of_memory_gives_breakdown_and_levers(runs):
     assert res.report_json["crash"]["oom"] is True
     assert [lv["lever"].split()[0] for lv in oom["levers"]] == ["halve", "halve", "activation", "mixed", "optimizer"]
     assert "OUT OF MEMORY" in res.report_text
+
+
+def test_steps_skipped_by_the_grad_scaler_still_end_windows(runs):
+    res = runs["skips"]
+    assert res.report_json["counts"]["scaler_step"] == 3 and res.report_json["optimizer_steps"] == 2
+    for code in ("BL102", "BL112", "BL202", "BL201"):
+        assert ver(res, code).status == "refuted", (code, ver(res, code).evidence)
+    assert runtime_only(res) == []
+    assert "1 skipped by the GradScaler" in res.report_text
 
 
 def test_accelerate_hand_gate_inside_accumulate_never_steps(runs):

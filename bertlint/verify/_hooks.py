@@ -1182,6 +1182,7 @@ class Recorder:
             "accumulation": self.accumulation_n(),
             "microbatches": self.mb,
             "optimizer_steps": self.opt_steps,
+            "skipped_steps": self.skipped_steps,
             "wall_s": round(time.monotonic() - self.t_start, 3),
             "hook_s": round(self.hook_s, 4),
             "pack_s": round(self.mem.pack_s, 4),

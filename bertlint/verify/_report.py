@@ -143,7 +143,8 @@ def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, w
         ing = [w.get("in_grad") for w in run.windows]
         lrs = [w.get("lr") for w in run.windows]
         lines.append(f"  optimizer steps: micro-batches per step {sizes[:8]}, micro-batches in the gradient {ing[:8]}, "
-                     f"LR {[float(f'{x:.3g}') if x is not None else None for x in lrs[:4]]}")
+                     f"LR {[float(f'{x:.3g}') if x is not None else None for x in lrs[:4]]}"
+                     + (f"; {r['skipped_steps']} skipped by the GradScaler (inf/NaN)" if r.get("skipped_steps") else ""))
     if run.factor is not None:
         lines.append(f"  loss scale between the model/criterion loss and backward: {run.factor:.4g}")
     t = r.get("trainer") or {}
