@@ -25,6 +25,8 @@ from typing import Iterable, Iterator, Optional, Union
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.symbols import SymbolTable, call_name, dotted, literal
 
 Scope = Union[cst.FunctionDef, None]  # None: module level
@@ -132,10 +134,10 @@ def names_in(node: cst.CSTNode) -> set[str]:
             out.add(n.value)
 
         def visit_Attribute(self, n: cst.Attribute) -> bool:
-            n.value.visit(self)
+            walk(n.value, self)
             return False
 
-    node.visit(V())
+    walk(node, V())
     return out
 
 

@@ -19,6 +19,8 @@ from typing import Optional
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.evalflow import torch_alias
 from bertlint.analysis.symbols import dotted
 from bertlint.registry import rule
@@ -144,7 +146,7 @@ def check(ctx) -> None:
             q.startswith(("torch.cuda.amp", "torch.cpu.amp")) for q in sym.imports.values()):
         return
     uses = _Uses()
-    ctx.module.visit(uses)
+    walk(ctx.module, uses)
     found: list[tuple[cst.CSTNode, Optional[cst.Call], str, str, str]] = []
     for c in uses.calls:
         if not isinstance(c.func, (cst.Name, cst.Attribute)):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from bertlint.analysis.walk import walk
+
 from bertlint.analysis.evalflow import (ENABLED, eval_reason, forward_receiver, frozen, names_in, no_grad_expr,
                                         target_names)
 from bertlint.analysis.symbols import dotted, literal
@@ -94,7 +96,7 @@ def multiline_string_inside(node: cst.CSTNode) -> bool:
             if "\n" in cst.Module(body=[]).code_for_node(n):
                 found.append(n)
 
-    node.visit(V())
+    walk(node, V())
     return bool(found)
 
 
