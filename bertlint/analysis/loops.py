@@ -827,7 +827,9 @@ class FileLoops:
 
         def accumish(e) -> bool:
             d = dotted(e)
-            return d is not None and bool(ACCUM_RE.search(d) or (accum_text and d == accum_text))
+            if d is None:
+                return bool(accum_text) and code_of(e).strip() == accum_text  # ``/ 8`` with N = 8
+            return bool(ACCUM_RE.search(d) or (accum_text and d == accum_text))
 
         has_div = has_mul = False
         texts = []

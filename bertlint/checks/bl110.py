@@ -23,7 +23,12 @@ _OPS = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual, 
 def check(ctx) -> None:
     f = ctx.loops
     for loop in f:
-        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.accum_gated(loop) or not _ga.single_optimizer(loop):
+        if loop.owner == "accelerate":
+            # inside accumulate() the optimizer steps only on sync steps: a counter advanced outside
+            # `if accelerator.sync_gradients:` counts micro-batches
+            if f.accelerator_ga is None or f.accelerator_ga.is_more_than_one() is False:
+                continue
+        elif loop.owner not in _ga.PLAIN_OWNERS or not _ga.accum_gated(loop) or not _ga.single_optimizer(loop):
             continue
         acc = loop.accum()
         if acc is None or acc.value == 1:
