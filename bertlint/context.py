@@ -72,8 +72,10 @@ class FileContext:
 
     @cached_property
     def positions(self):
-        wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-        return wrapper.resolve(PositionProvider)
+        # libcst's PositionProvider semantics, ~4x cheaper (bertlint/positions.py; falls back to libcst's)
+        from bertlint.positions import positions_of
+
+        return positions_of(self.module)
 
     @property
     def lines(self) -> list[str]:

@@ -256,3 +256,32 @@ def test_a_rule_hitting_the_recursion_limit_is_skipped_with_one_warning():
         engine.on_warning, engine.on_internal_error = old
         registry._RULES.pop("BL996", None)
     assert warnings == [("deep.py", "nested too deeply to analyse; skipped BL996")] and errors == []
+
+
+def test_fast_positions_equal_libcst_position_provider():
+    """bertlint.positions must give exactly libcst's PositionProvider ranges, node for node."""
+    from pathlib import Path
+
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from bertlint.positions import Positions
+
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "benchmarks" / "data").glob("*.py")) + sorted((root / "fixtures").rglob("*.py"))[:60]
+    texts = [p.read_text(encoding="utf-8") for p in files] + [
+        "import torch\r\nx = (1,\r\n     2)\r\nif x:\r\n\ty = 3  # c\r\n",
+        "import torch\rx = 1\r",
+        "@deco\nasync def f(a, *b, c=1, **d) -> int:\n    '''doc'''\n    return [i async for i in g() if i]\n",
+        "x = f'{a!r:>{w}}' + b'\\x00'\nwith (open(a) as f, open(b) as g):\n    pass\n",
+    ]
+    checked = 0
+    for text in texts:
+        module = cst.parse_module(text)
+        ref = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        mine = Positions(module)
+        assert len(mine) == len(ref)
+        for node, rng in ref.items():
+            assert mine[node] == rng, (type(node).__name__, rng, mine[node])
+            checked += 1
+    assert checked > 10000
