@@ -105,12 +105,35 @@ def _head_class(spec: MemorySpec):
     return cls
 
 
-def _instantiate(spec: MemorySpec, config):
+@contextlib.contextmanager
+def _no_init(enabled: bool):
+    """Skip weight initialisation (irrelevant to memory; some initialisers read values, which fake tensors do
+    not have)."""
+    cm = contextlib.nullcontext()
+    if enabled:
+        try:
+            from transformers.initialization import no_init_weights
+
+            cm = no_init_weights()
+        except ImportError:  # older transformers
+            try:
+                from transformers.modeling_utils import no_init_weights
+
+                cm = no_init_weights()
+            except ImportError:
+                pass
+    with cm:
+        yield
+
+
+def _instantiate(spec: MemorySpec, config, fake: bool = True):
     cls = _head_class(spec)
     try:
-        if spec.head.startswith("Auto"):
-            return cls.from_config(config)
-        return cls(config)
+        with _no_init(fake):
+            model = cls.from_config(config) if spec.head.startswith("Auto") else cls(config)
+        if fake and hasattr(model, "tie_weights"):
+            model.tie_weights()  # skipped with the initialisation: tied embeddings are one parameter
+        return model
     except MemoryInputError:
         raise
     except Exception as e:  # noqa: BLE001 - any construction failure is bad input, reported with the option
@@ -281,7 +304,22 @@ def _cuda_kernels(torch):
 
 # ---------------------------------------------------------------- the step
 
-def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool) -> MemoryResult:
+class _DataDependent(Exception):
+    """The model's own loss depends on tensor values (e.g. DeBERTa's label filtering); retried with the
+    cross-entropy computed outside the model."""
+
+
+def _external_loss(torch, out, batch):
+    F = torch.nn.functional
+    if "start_positions" in batch:
+        return (F.cross_entropy(out.start_logits, batch["start_positions"])
+                + F.cross_entropy(out.end_logits, batch["end_positions"])) / 2
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    labels = batch["labels"]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool = False) -> MemoryResult:
     spec.validate()
     t0 = time.perf_counter()
     transformers = _transformers()
@@ -303,11 +341,11 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool) -> MemoryResult:
             old_dtype = torch.get_default_dtype()
             torch.set_default_dtype(torch.bfloat16 if spec.precision.startswith("bf16") else torch.float16)
             try:
-                model = _instantiate(spec, config)
+                model = _instantiate(spec, config, fake)
             finally:
                 torch.set_default_dtype(old_dtype)
         else:
-            model = _instantiate(spec, config)
+            model = _instantiate(spec, config, fake)
         if spec.lora_rank:
             n = _apply_lora(torch, model, spec)
             if n == 0:
@@ -347,8 +385,13 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool) -> MemoryResult:
                     tracker.register(v, "activations", override=True)
                 tracker.set_phase("forward")
                 with amp:
-                    out = model(**batch)
-                    loss = getattr(out, "loss", None)
+                    if external_loss:
+                        labels = {k: batch[k] for k in ("labels", "start_positions", "end_positions") if k in batch}
+                        out = model(**{k: v for k, v in batch.items() if k not in labels})
+                        loss = _external_loss(torch, out, labels)
+                    else:
+                        out = model(**batch)
+                    loss = getattr(out, "loss", None) if not external_loss else loss
                     if loss is None:
                         hidden = out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
                         loss = hidden.float().sum()
@@ -364,6 +407,8 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool) -> MemoryResult:
         except MemoryInputError:
             raise
         except Exception as e:  # noqa: BLE001
+            if not external_loss and type(e).__name__ in ("DynamicOutputShapeException", "DataDependentOutputException"):
+                raise _DataDependent(str(e)) from None
             raise MemoryInputError(
                 f"the simulated step of {type(model).__name__} failed: {type(e).__name__}: {str(e)[:300]}") from None
         finally:
@@ -411,7 +456,12 @@ def simulate(spec: MemorySpec, device: str = "cuda", *, what_if: bool = False, g
     """Simulate one training step of ``spec`` under fake tensors. ``device`` picks the storage rules
     ("cuda": 512-byte allocator blocks and the multi-tensor optimizer; "cpu": plain sizes)."""
     cuda = device == "cuda"
-    res = _run_step(spec, fake=True, cuda=cuda)
+    try:
+        res = _run_step(spec, fake=True, cuda=cuda)
+    except _DataDependent:
+        res = _run_step(spec, fake=True, cuda=cuda, external_loss=True)
+        res.assumptions.append("the model's own loss depends on label values (fake tensors have none): the "
+                               "cross-entropy of its logits is computed outside the model instead")
     res.assumptions.extend(standard_assumptions(spec, cuda))
     if spec.zero_stage and spec.world_size > 1:
         peak, cat = apply_zero(res, spec.zero_stage, spec.world_size)
