@@ -306,3 +306,19 @@ def test_custom_wrapper_around_a_pretrained_encoder_is_not_guessed(tmp_path):
         specs_from_script(path)
     (spec,) = specs_from_script(path, overrides=Overrides(head="AutoModel"))
     assert spec.head == "AutoModel" and spec.config["hidden_size"] == 32 and spec.micro_batch == 8
+
+
+def test_zero_stage_shards_the_simulated_categories():
+    plain = simulate(tiny(), "cpu")
+    z2 = simulate(tiny(zero_stage=2, world_size=4), "cpu")
+    assert z2.peak_bytes < plain.peak_bytes
+    assert z2.by_category["optimizer_states"] <= plain.phase_peaks[z2.peak_phase]["by_category"]["optimizer_states"] // 4 + 1
+    assert any("ZeRO stage 2 over 4 devices" in a for a in z2.assumptions)
+
+
+def test_value_dependent_model_loss_is_computed_outside():
+    deberta = dict(model_type="deberta-v2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=37, vocab_size=100, max_position_embeddings=64)
+    res = simulate(tiny(config=deberta), "cuda")  # DeBERTa filters labels with nonzero(): no value under fake tensors
+    assert res.model_class == "DebertaV2ForSequenceClassification" and res.peak_bytes > 0
+    assert any("outside the model" in a for a in res.assumptions)
