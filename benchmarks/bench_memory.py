@@ -11,6 +11,7 @@ what-if table.
     python benchmarks/bench_memory.py --json out.json
     python benchmarks/bench_memory.py --speed-only   # bert-large simulation times
     python benchmarks/bench_memory.py --memtracker   # cross-check against torch's MemTracker (fake steps only)
+    python benchmarks/bench_memory.py --cuda         # with a GPU: against torch.cuda.max_memory_allocated
 """
 
 from __future__ import annotations
@@ -168,6 +169,34 @@ def cross_check(grid) -> list[dict]:
     return rows
 
 
+def cuda_check(grid) -> list[dict]:
+    """With a GPU: the simulated peak (CUDA rules) against torch.cuda.max_memory_allocated of the real step."""
+    import torch
+
+    from bertlint.memory.simulate import measure_cuda
+
+    rows = []
+    for model, mb, seq, prec, ckpt in grid:
+        spec = spec_for(model, mb, seq, prec, ckpt)
+        sim = simulate(spec, "cuda")
+        tracked, allocated = measure_cuda(spec)
+        err = 100.0 * (sim.peak_bytes - allocated) / allocated
+        rows.append({"model": model, "micro_batch": mb, "seq_len": seq, "precision": prec, "checkpointing": ckpt,
+                     "simulated_bytes": sim.peak_bytes, "tracked_on_gpu_bytes": tracked.peak_bytes,
+                     "max_memory_allocated": allocated, "error_pct": round(err, 3)})
+        print(f"  {model:<20} B={mb:<2} L={seq:<3} {prec:<4} ckpt={'on ' if ckpt else 'off'} simulated "
+              f"{sim.peak_bytes / GiB:7.3f} GiB  tracked on GPU {tracked.peak_bytes / GiB:7.3f} GiB  "
+              f"max_memory_allocated {allocated / GiB:7.3f} GiB  {err:+6.2f} %", flush=True)
+        del tracked
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+CUDA_GRID = GRID + [("bert-base-uncased", 32, 512, "fp32", False), ("bert-base-uncased", 32, 512, "bf16", False),
+                    ("bert-large-uncased", 8, 512, "fp32", False), ("bert-large-uncased", 32, 512, "bf16", True)]
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | B | L | precision | ckpt | simulated GiB | real CPU GiB | error % | phase (sim/real) |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -184,9 +213,25 @@ def main(argv=None) -> int:
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--speed-only", action="store_true", help="only the speed section")
+    p.add_argument("--cuda", action="store_true",
+                   help="with a GPU: compare the CUDA-rules simulation with torch.cuda.max_memory_allocated")
     p.add_argument("--memtracker", action="store_true",
                    help="only the cross-check against torch's MemTracker on the same fake step (fast)")
     a = p.parse_args(argv)
+    if a.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--cuda: no GPU here")
+            return 2
+        print(f"CUDA check on {torch.cuda.get_device_name(0)}", flush=True)
+        rows = cuda_check(CUDA_GRID)
+        worst = max(abs(r["error_pct"]) for r in rows)
+        print(f"worst error {worst:.2f} %")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"cuda": rows}, f, indent=2)
+        return 0 if worst <= 5.0 else 1
     if a.speed_only:
         print("speed", flush=True)
         sp = speed()

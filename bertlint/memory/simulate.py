@@ -319,7 +319,8 @@ def _external_loss(torch, out, batch):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool = False) -> MemoryResult:
+def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool = False,
+              on_gpu: bool = False) -> MemoryResult:
     spec.validate()
     t0 = time.perf_counter()
     transformers = _transformers()
@@ -334,6 +335,8 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool =
         mode_cm = FakeTensorMode(allow_non_fake_inputs=True)
     else:
         mode_cm = contextlib.nullcontext()
+    if on_gpu:  # a real step on the local GPU (benchmark reference): PyTorch's own CUDA kernels
+        mode_cm = torch.device("cuda")
     with warnings.catch_warnings(), mode_cm:
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
@@ -373,10 +376,13 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool =
         tracker.track_model(model)
         tracker.mark_optimizer_states(opt)
         if spec.precision in ("bf16", "fp16"):
-            amp = torch.autocast("cpu", dtype=torch.bfloat16 if spec.precision == "bf16" else torch.float16)
+            amp = torch.autocast("cuda" if on_gpu else "cpu", dtype=torch.bfloat16 if spec.precision == "bf16" else torch.float16)
         else:
             amp = contextlib.nullcontext()
-        kernels = _cuda_kernels(torch) if cuda else contextlib.nullcontext()
+        kernels = _cuda_kernels(torch) if cuda and not on_gpu else contextlib.nullcontext()
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         try:
             with tracker, kernels:
                 tracker.set_phase("inputs")
@@ -479,6 +485,17 @@ def simulate(spec: MemorySpec, device: str = "cuda", *, what_if: bool = False, g
 def measure_real(spec: MemorySpec) -> MemoryResult:
     """The same step on real CPU tensors, measured by the same tracker (the benchmark's reference)."""
     return _run_step(spec, fake=False, cuda=False)
+
+
+def measure_cuda(spec: MemorySpec) -> tuple[MemoryResult, int]:
+    """The same step on the local GPU with PyTorch's own kernels: (the tracker's result with CUDA rounding,
+    ``torch.cuda.max_memory_allocated()`` over the step). Only with a GPU (benchmark reference)."""
+    import torch
+
+    res = _run_step(spec, fake=False, cuda=True, on_gpu=True)
+    peak = int(torch.cuda.max_memory_allocated())
+    torch.cuda.empty_cache()
+    return res, peak
 
 
 def standard_assumptions(spec: MemorySpec, cuda: bool) -> list[str]:
