@@ -323,7 +323,7 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool =
               on_gpu: bool = False) -> MemoryResult:
     spec.validate()
     t0 = time.perf_counter()
-    transformers = _transformers()
+    _transformers()
     import torch
 
     config = build_config(spec)
@@ -435,7 +435,6 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool =
         seconds=time.perf_counter() - t0, largest_block_bytes=largest)
     if res.peak_phase not in ("forward", "backward", "optimizer"):
         res.peak_phase = "forward"
-    del transformers
     return res
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-pure", "fp16-pure")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adam8bit", "adafactor")
@@ -132,5 +132,3 @@ def resolve_model(name: Optional[str], base_dir: Optional[str] = None) -> Option
 def model_config_suffix(cfg: dict) -> str:
     return ", ".join(f"{k}={cfg[k]}" for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if k in cfg)
 
-
-_ = Any

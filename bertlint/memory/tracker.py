@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any
-
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporaries")
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
 
@@ -172,4 +170,3 @@ def make_tracker(cuda_rounding: bool):
 
 
 __all__ = ["CATEGORIES", "CUDA_BLOCK", "make_tracker"]
-_ = Any
