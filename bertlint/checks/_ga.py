@@ -27,7 +27,7 @@ def version(ctx, package: str) -> Optional[str]:
         if vs is not None:
             v = vs.get(package) if hasattr(vs, "get") else None
             if v is not None:
-                return str(getattr(v, "version", v))
+                return str(getattr(v, "text", v))
     except Exception:
         pass
     try:
@@ -43,7 +43,7 @@ def fw(ctx, package: str, display: Optional[str] = None) -> str:
     name = display or package
     try:
         tv = ctx.versions.get(package)
-        return f"{name} {tv.text}"
+        return f"{name} {tv.text} [{tv.source}]"
     except Exception:
         v = version(ctx, package)
         return f"{name} {v}" if v else name

@@ -26,10 +26,12 @@ def check(ctx) -> None:
         return
     accel_names = [n for n, k in f.kinds.items() if k == "accelerator"]
     accel = accel_names[0] if len(accel_names) == 1 else "accelerator"
+    ds_on, ds_reason = _launcher_deepspeed(ctx)
     for loop in f:
         # 1. accumulate() with nothing configured
         if loop.accumulate_used and f.accelerator_ga is None and not f.accelerator_ga_unknown \
-                and f.accelerator_deepspeed is None and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source:
+                and f.accelerator_deepspeed is None and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source \
+                and not ds_on:
             for call in loop.accumulate_calls[:1]:
                 _ga.report(
                 ctx, loop,
@@ -65,7 +67,7 @@ def check(ctx) -> None:
                     severity=Severity.ERROR if severe else Severity.WARNING,
                 )
         # 3. DeepSpeedPlugin + hand gate without accumulate()
-        if f.accelerator_deepspeed is not None and loop.owner == "accelerate-manual":
+        if (f.accelerator_deepspeed is not None or ds_on) and loop.owner == "accelerate-manual":
             for e in loop.steps:
                 gs = [g for g in e.frequency_gates if g.kind in ("modulo", "counter") and g.on_boundary]
                 if not gs:
@@ -73,13 +75,30 @@ def check(ctx) -> None:
                 _ga.report(
                 ctx, loop,
                     gs[0].node,
-                    f"Hand-written accumulation gate `{gs[0].text}` with a `DeepSpeedPlugin` and no "
+                    f"Hand-written accumulation gate `{gs[0].text}` under DeepSpeed ({ds_reason or '`DeepSpeedPlugin`'}) and no "
                     f"`accelerator.accumulate()` ({_ga.fw(ctx, 'accelerate')}): `sync_gradients` stays True, so "
                     f"`accelerator.backward` makes every micro-batch an accumulation boundary and the DeepSpeed engine "
                     f"updates the weights after each one; the gate only skips a no-op `optimizer.step()`. Wrap the "
                     f"body in `with accelerator.accumulate(model):` and drop the gate.",
                 )
                 break
+
+
+def _launcher_deepspeed(ctx) -> tuple[bool, str]:
+    """DeepSpeed switched on by the code or by every accelerate launcher config beside the script; a launcher
+    config that sets DeepSpeed accumulation also configures ``accumulate()`` (``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``)."""
+    try:
+        from bertlint.analysis.configfiles import deepspeed_enabled_for, launcher_accumulation_for
+
+        on, reason = deepspeed_enabled_for(ctx)
+        if on is True:
+            return True, reason
+        n, src = launcher_accumulation_for(ctx)
+        if n is not None:
+            return True, src
+    except Exception:
+        pass
+    return False, ""
 
 
 def _fp16(f) -> bool:
