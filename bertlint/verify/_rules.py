@@ -629,8 +629,14 @@ def check_bl502(run: Run, d) -> tuple:
     fl_ = run.r.get("forward_lines") or []
     rows = {d.start.row, d.data.get("statement_row"), d.data.get("loop_row")} if isinstance(d.data, dict) else {d.start.row}
     evals = [x for x in fl_ if x[1] is False]
-    here = [x for x in evals if x[0] and x[0][1] in rows] or evals
+    rows = {r for r in rows if isinstance(r, int)}
+    lo = min(rows) if rows else 0
+    # the forwards at the flagged line, else the ones in the flagged loop's body (a few lines below it)
+    here = [x for x in evals if x[0] and x[0][1] in rows] or [x for x in evals if x[0] and lo <= x[0][1] <= lo + 40]
     if not here:
+        if evals:
+            where = ", ".join(sorted({fl(x[0]) for x in evals if x[0]})[:3])
+            return INCONCLUSIVE, f"evaluation forwards ran at {where}, none at or near line {d.start.row}"
         return INCONCLUSIVE, f"no evaluation forward (model in eval mode) ran within the bound ({_stop_text(run.r)})"
     # eval-mode forwards with grad on that fed a backward are training in eval mode, not evaluation
     with_grad = sum(x[3] - (x[4] if len(x) > 4 else 0) for x in here if x[2])
