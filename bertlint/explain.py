@@ -522,8 +522,11 @@ def _explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len_
         except Exception:
             mem = None
     if mem is None:
-        mem = first_order_memory(s, sl, world, versions)
-    mem = dict(mem)
+        mem = dict(first_order_memory(s, sl, world, versions))
+        mem.setdefault("method", "first-order")
+    else:
+        mem = dict(mem)
+        mem.setdefault("method", "simulated")
     mem["seq_len"] = sl
     mem["seq_len_source"] = sl_src
     d["memory"] = mem
@@ -566,7 +569,8 @@ def render_text(rep: dict) -> str:
         ld = d["loss_division"]
         lines.append(f"  loss ÷ N by:      {ld['who']} — {ld['detail']}")
         mem = d["memory"]
-        lines.append(f"  memory (first-order, per device, seq_len {mem.get('seq_len') or 'unknown'}: {mem.get('seq_len_source')}):")
+        lines.append(f"  memory ({mem.get('method', 'first-order')}, per device, seq_len {mem.get('seq_len') or 'unknown'}: "
+                     f"{mem.get('seq_len_source')}):")
         for k in ("parameters", "gradients", "optimizer_states", "activations", "total"):
             lines.append(f"    {k.replace('_', ' '):<18}{_bytes(mem.get(k))}")
         for asm in mem.get("assumptions", []):
@@ -589,7 +593,7 @@ def render_text(rep: dict) -> str:
         lines.append(f"  optimizer step:   {lp['optimizer_step']}; loss divided by N: {lp['loss_divided']}")
         mem = lp.get("memory") or {}
         if mem.get("total"):
-            lines.append(f"  memory (first-order, seq_len {mem.get('seq_len')}): "
+            lines.append(f"  memory ({mem.get('method', 'first-order')}, seq_len {mem.get('seq_len')}): "
                          + ", ".join(f"{k.replace('_', ' ')} {_bytes(mem.get(k))}" for k in
                                      ("parameters", "gradients", "optimizer_states", "activations")))
     lines.append("\nFindings:" if rep["findings"] else "\nFindings: none")
@@ -604,10 +608,21 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--output-format", choices=("text", "json"), default="text")
     p.add_argument("--world-size", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--simulate", action="store_true",
+                   help="replace the first-order memory estimate by a simulated training step "
+                        "(bertlint memory; imports torch, takes seconds)")
     try:
         a = p.parse_args(argv)
     except SystemExit as e:
         return 2 if e.code else 0
+    if a.simulate:
+        try:
+            from bertlint.memory import explain_estimator
+
+            register_memory_estimator(explain_estimator)
+        except ImportError as e:
+            print(f"bertlint explain: --simulate needs the 'verify' extra (torch, transformers): {e}", file=sys.stderr)
+            return 2
     reports = []
     rc = 0
     for path in a.files:
