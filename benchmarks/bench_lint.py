@@ -173,6 +173,19 @@ def trees(names: list[str], limit: int, jobs: int) -> list[dict]:
         dt = time.perf_counter() - t
         os.unlink(lst.name)
         not_reported = sorted(cpython_rejects - set(reported))
+        # why: libcst's grammar is newer than this CPython (e.g. 3.12 syntax on 3.11), or the prefilter skipped it
+        from bertlint.engine import _PREFILTER, parse_python
+
+        why = {}
+        for f in not_reported:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                src = fh.read()
+            if not _PREFILTER.search(src):
+                why[f] = "not parsed (prefilter: no training machinery)"
+            elif not isinstance(parse_python(src), tuple):
+                why[f] = "libcst parses it (syntax newer than this CPython); linted"
+            else:
+                why[f] = "NOT REPORTED although unparsable"
         row = {
             "package": pkg,
             "root": root,
@@ -185,15 +198,17 @@ def trees(names: list[str], limit: int, jobs: int) -> list[dict]:
             "crashes": crashes,
             "unparsable_reported": {os.path.relpath(k, root): v for k, v in sorted(reported.items())},
             "cpython_rejects": len(cpython_rejects),
-            "cpython_rejects_not_reported": [os.path.relpath(f, root) for f in not_reported],
+            "cpython_rejects_not_reported": {os.path.relpath(f, root): why[f] for f in not_reported},
         }
         out.append(row)
         print(
             f"{pkg:<13} {len(files):>5} files {total_lines:>8} lines  {dt:7.1f} s  {row['files_per_s']} files/s  "
-            f"{len(crashes)} crashes  {len(reported)} BL001 files  (CPython rejects {len(cpython_rejects)}, "
-            f"not reported {len(not_reported)}: prefiltered files are not parsed)",
+            f"{len(crashes)} crashes  {len(reported)} BL001 files  (CPython {sys.version.split()[0]} rejects "
+            f"{len(cpython_rejects)})",
             flush=True,
         )
+        for f in not_reported:
+            print(f"    CPython rejects {os.path.relpath(f, root)}: {why[f]}", flush=True)
         for k, v in row["unparsable_reported"].items():
             print(f"    BL001 {k}: {v[0][:140]}", flush=True)
         for c in crashes[:10]:
