@@ -173,7 +173,25 @@ def sched_length(f, recv: Optional[str]):
         expr = kwarg(call, "T_max") or positional(call, 1)
     elif name in ("LinearLR", "PolynomialLR", "ConstantLR"):
         expr = kwarg(call, "total_iters")
+    elif name == "LambdaLR":
+        expr = _lambda_length(kwarg(call, "lr_lambda") or positional(call, 1))
     return expr, call
+
+
+def _lambda_length(fn):
+    """``LambdaLR(opt, lambda s: 1 - s / total_steps)``: the one name the step is divided by, if exactly one."""
+    import libcst as cst
+
+    from bertlint.analysis.walk import iter_nodes
+
+    if not isinstance(fn, cst.Lambda):
+        return None
+    names = {
+        n.right.value: n.right
+        for n in iter_nodes(fn.body)
+        if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide) and isinstance(n.right, cst.Name)
+    }
+    return next(iter(names.values())) if len(names) == 1 else None
 
 
 def optimizers(loop: TrainingLoop) -> set:
