@@ -125,27 +125,32 @@ class FileContext:
         data: Optional[dict] = None,
         code: Optional[str] = None,
     ) -> Diagnostic:
-        meta = self.current
-        assert meta is not None, "report() called outside a rule"
-        if code is not None and code != meta.code:
-            from bertlint.registry import get
-
-            other = get(code)
-            meta = other.meta if other else meta
         start, end = self.span(node)
-        d = Diagnostic(
-            code=meta.code,
-            name=meta.name,
-            severity=Severity(severity) if severity else meta.severity,
-            message=message,
-            filename=self.filename,
-            start=start,
-            end=end,
-            fix=fix,
-            data=dict(data or {}),
-        )
-        self.diagnostics.append(d)
-        return d
+        return _emit(self, start, end, message, fix, severity, data, code)
+
+
+def _emit(ctx, start: Position, end: Position, message: str, fix, severity, data, code) -> Diagnostic:
+    """Build the diagnostic of the running rule (or of ``code``, a sibling code the rule reports) and record it."""
+    meta = ctx.current
+    assert meta is not None, "report() called outside a rule"
+    if code is not None and code != meta.code:
+        from bertlint.registry import get
+
+        other = get(code)
+        meta = other.meta if other else meta
+    d = Diagnostic(
+        code=meta.code,
+        name=meta.name,
+        severity=Severity(severity) if severity else meta.severity,
+        message=message,
+        filename=ctx.filename,
+        start=start,
+        end=end,
+        fix=fix,
+        data=dict(data or {}),
+    )
+    ctx.diagnostics.append(d)
+    return d
 
 
 class ConfigContext:
@@ -199,30 +204,11 @@ class ConfigContext:
         data: Optional[dict] = None,
         code: Optional[str] = None,
     ) -> Diagnostic:
-        meta = self.current
-        assert meta is not None, "report_at() called outside a rule"
-        if code is not None and code != meta.code:
-            from bertlint.registry import get
-
-            other = get(code)
-            meta = other.meta if other else meta
         start = Position(max(int(row), 1), max(int(col), 1))
         if end is None:
             line = self.lines[start.row - 1] if start.row - 1 < len(self.lines) else ""
             end = Position(start.row, max(len(line.rstrip("\r\n")) + 1, start.column))
-        d = Diagnostic(
-            code=meta.code,
-            name=meta.name,
-            severity=Severity(severity) if severity else meta.severity,
-            message=message,
-            filename=self.filename,
-            start=start,
-            end=end,
-            fix=fix,
-            data=dict(data or {}),
-        )
-        self.diagnostics.append(d)
-        return d
+        return _emit(self, start, end, message, fix, severity, data, code)
 
     def report_key(self, path: tuple, message: str, **kw: Any) -> Diagnostic:
         """``report_at`` the position of the key ``path``."""
@@ -230,52 +216,27 @@ class ConfigContext:
         return self.report_at(p.row, p.column, message, **kw)
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
-# Whitespace, comments and punctuation are not indexed (half the nodes of a module, none of the meaning).
-_SKIP_FIELDS = frozenset(
-    {
-        "leading_lines", "lines_after_decorators", "header", "footer", "lpar", "rpar", "comma", "semicolon",
-        "trailing_whitespace", "newline", "empty_lines", "lbracket", "rbracket", "lbrace", "rbrace", "colon",
-        "equal", "star", "dot", "indent",
-    }
-)
-
-
 class NodeIndex:
     """Every semantic node of a module by type, plus parents, from one iterative walk (``FileContext.index``;
     ~5x cheaper than one ``CSTVisitor`` pass). Whitespace, comments and punctuation nodes are not indexed.
 
-    ``of(*types)`` returns the nodes in pre-order following the node's fields (source order except for a few
-    fields such as decorators, which come after the function body); ``parent(node)`` / ``ancestors(node)``."""
+    ``of(*types)`` returns the nodes in source pre-order (``bertlint.analysis.walk.children``);
+    ``parent(node)`` / ``ancestors(node)``."""
 
     def __init__(self, module: cst.CSTNode) -> None:
-        import dataclasses
+        from bertlint.analysis.walk import children
 
         by_type: dict[type, list[cst.CSTNode]] = {}
         parents: dict[int, cst.CSTNode] = {}
-        node_t = cst.CSTNode
         stack: list[cst.CSTNode] = [module]
         while stack:
             n = stack.pop()
-            t = type(n)
-            by_type.setdefault(t, []).append(n)
-            names = _FIELDS.get(t)
-            if names is None:
-                names = _FIELDS[t] = tuple(
-                    f.name
-                    for f in dataclasses.fields(t)
-                    if f.name not in _SKIP_FIELDS and not f.name.startswith("whitespace")
-                )
-            kids = []
-            for name in names:
-                v = getattr(n, name)
-                if isinstance(v, node_t):
-                    kids.append(v)
-                elif type(v) in (tuple, list):
-                    kids.extend(x for x in v if isinstance(x, node_t))
+            by_type.setdefault(type(n), []).append(n)
+            kids = children(n)
             for k in kids:
                 parents[id(k)] = n
-            stack.extend(reversed(kids))
+            kids.reverse()
+            stack.extend(kids)
         self._by_type = by_type
         self._parents = parents
 
