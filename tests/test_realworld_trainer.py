@@ -1,0 +1,105 @@
+"""Regressions from a false-positive hunt on public Trainer / DeepSpeed / accelerate / Lightning scripts.
+
+Every example is written for this file (not copied); each reproduces the shape of a real script that a rule of
+the framework family (BL203-205, BL301-305, BL401-411, BL503-505) reported although it was correct."""
+
+from __future__ import annotations
+
+from bertlint.config import Settings
+from bertlint.engine import lint_python
+
+
+def _codes(src: str, code: str, transformers: str = "5.24.0", filename: str = "/nonexistent/train.py") -> list:
+    s = Settings(target_versions={"transformers": transformers}, select=["ALL"])
+    return [d.start.row for d in lint_python(src, filename, s) if d.code == code]
+
+
+# --- BL503: static padding is a training cost only ------------------------------------------------------------
+
+_PAD_EVAL_FN = '''
+from transformers import AutoTokenizer, Trainer
+tokenizer = AutoTokenizer.from_pretrained("bert-base-uncased")
+
+def encode_for_training(batch):
+    return tokenizer(batch["text"], truncation=True)
+
+def encode_for_eval(batch):
+    return tokenizer(batch["text"], padding="max_length", max_length=256, truncation=True)
+
+train_ds = raw["train"].map(encode_for_training, batched=True)
+eval_ds = raw["validation"].map(encode_for_eval, batched=True)
+Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds).train()
+'''
+
+
+def test_bl503_silent_for_a_function_named_for_evaluation():
+    assert _codes(_PAD_EVAL_FN, "BL503") == []
+
+
+_PAD_USED_ON_TEST_ONLY = '''
+from transformers import AutoTokenizer, Trainer
+tokenizer = AutoTokenizer.from_pretrained("bert-base-uncased")
+
+def dynamic(batch):
+    return tokenizer(batch["text"], truncation=True)
+
+def fixed(batch):
+    return tokenizer(batch["text"], padding="max_length", max_length=256, truncation=True)
+
+train_ds = raw["train"].map(dynamic, batched=True)
+test_ds = raw["test"].map(fixed, batched=True)
+trainer = Trainer(model=model, args=args, train_dataset=train_ds)
+trainer.train()
+trainer.predict(test_ds)
+'''
+
+
+def test_bl503_silent_when_every_use_of_the_function_maps_test_data():
+    assert _codes(_PAD_USED_ON_TEST_ONLY, "BL503") == []
+
+
+_PAD_TEST_TEXTS = '''
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained("bert-base-uncased")
+train_enc = tokenizer(train_texts, truncation=True)
+test_enc = tokenizer(test_texts, padding="max_length", max_length=128, truncation=True)
+for batch in loader:
+    model(**batch).loss.backward()
+'''
+
+
+def test_bl503_silent_for_test_texts_at_module_level():
+    assert _codes(_PAD_TEST_TEXTS, "BL503") == []
+
+
+_PAD_NO_TRAINING = '''
+from transformers import AutoTokenizer, Trainer
+tokenizer = AutoTokenizer.from_pretrained("bert-base-uncased")
+
+def encode(batch):
+    return tokenizer(batch["text"], padding="max_length", max_length=128, truncation=True)
+
+ds = raw.map(encode, batched=True)
+print(Trainer(model=model, args=args).predict(ds))
+'''
+
+
+def test_bl503_silent_when_nothing_trains():
+    assert _codes(_PAD_NO_TRAINING, "BL503") == []
+
+
+_PAD_SHARED = '''
+from transformers import AutoTokenizer, Trainer
+tokenizer = AutoTokenizer.from_pretrained("bert-base-uncased")
+
+def encode(batch):
+    return tokenizer(batch["text"], padding="max_length", max_length=128, truncation=True)
+
+train_ds = raw["train"].map(encode, batched=True)
+eval_ds = raw["test"].map(encode, batched=True)
+Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds).train()
+'''
+
+
+def test_bl503_still_reports_padding_that_reaches_training_data():
+    assert _codes(_PAD_SHARED, "BL503") == [6]
