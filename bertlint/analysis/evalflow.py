@@ -37,6 +37,13 @@ UNKNOWN = "unknown"
 
 # other frameworks whose `model(x)` is not a torch forward
 _FOREIGN = {"tensorflow", "keras", "jax", "flax", "mindspore", "paddle", "mxnet", "tf_keras", "oneflow"}
+# libraries whose loaded "models" are called like `model(x)` but never record a torch autograd graph: not torch at all
+# (spaCy, llama.cpp, fastText, gensim, scikit-learn, boosting, ONNX Runtime, CTranslate2, vLLM, API clients), or
+# running their own call under no_grad / inference_mode (ultralytics' YOLO predictor, stanza's pipeline)
+_NO_GRAPH_LIBS = _FOREIGN | {
+    "spacy", "ultralytics", "llama_cpp", "fasttext", "gensim", "sklearn", "xgboost", "lightgbm", "catboost",
+    "onnxruntime", "ctranslate2", "vllm", "openai", "anthropic", "ollama", "stanza", "nltk", "tensorrt", "cv2",
+}
 
 EVAL_TOKENS = {
     "eval", "evaluate", "evaluation", "evaluating", "validate", "validation", "valid", "val", "test", "testing",
@@ -614,9 +621,25 @@ class EvalFlow:
         if isinstance(value, (cst.Name, cst.Attribute)):
             d = dotted(value)
             return True if d and self.is_model_name(d, scope) else None
+        if isinstance(value, cst.Lambda):
+            # `model = lambda x: ...`: a forward only if its body calls something model-like
+            if value not in self.order:
+                return None
+            for c in self.calls_in(value):
+                if isinstance(c.func, (cst.Name, cst.Attribute)):
+                    d = dotted(c.func)
+                    if d and self.is_model_name(d, scope):
+                        return None
+            return False
         if not isinstance(value, cst.Call):
             return None
         func = value.func
+        q0 = self.qual(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
+        if q0 and q0.split(".")[0] in _NO_GRAPH_LIBS:
+            return False
+        if q0 == "torch.hub.load" and value.args and isinstance(value.args[0].value, cst.SimpleString) and \
+                str(literal(value.args[0].value) or "").startswith("ultralytics/"):
+            return False  # yolov5's hub model: AutoShape.forward runs under inference mode
         if isinstance(func, cst.Attribute):
             meth = func.attr.value
             if meth in ("to", "cuda", "half", "float", "bfloat16", "double", "eval", "train", "requires_grad_",

@@ -1,0 +1,167 @@
+"""Regressions from the false-positive hunt on public training / evaluation scripts (BL206, BL501, BL502, BL506).
+
+Each case is a small script written for this file that reproduces the shape of code seen in public projects; the
+assertion is the exact set of (code, line) pairs these four rules report."""
+
+from __future__ import annotations
+
+import textwrap
+
+from bertlint.api import lint_text
+from bertlint.config import Settings
+
+CODES = ("BL206", "BL501", "BL502", "BL506")
+
+
+def found(src: str) -> list[tuple[str, int]]:
+    diags = lint_text(textwrap.dedent(src), "train.py", Settings())
+    return sorted((d.code, d.start.row) for d in diags if d.code in CODES)
+
+
+def test_ultralytics_yolo_call_is_not_a_graph_recording_forward():
+    # YOLO.__call__ runs its predictor under inference mode: no graph, nothing kept
+    src = """
+        import torch
+        from ultralytics import YOLO
+
+        detector_model = YOLO("weights/best.pt")
+
+        def evaluate(frames):
+            kept = []
+            for f in frames:
+                res = detector_model(f, verbose=False)
+                kept.append(res)
+            return kept
+    """
+    assert found(src) == []
+
+
+def test_yolov5_hub_model_is_not_a_graph_recording_forward():
+    src = """
+        import torch
+
+        model = torch.hub.load("ultralytics/yolov5", "yolov5s")
+
+        def predict(paths):
+            out = []
+            for p in paths:
+                out.append(model(p))
+            return out
+    """
+    assert found(src) == []
+
+
+def test_spacy_pipeline_named_model_is_not_torch():
+    src = """
+        import torch
+        import spacy
+
+        ner_model = spacy.load("en_core_web_sm")
+
+        def evaluate(sentences):
+            docs = []
+            for s in sentences:
+                docs.append(ner_model(s))
+            return docs
+    """
+    assert found(src) == []
+
+
+def test_lambda_named_model_without_a_forward_inside():
+    src = """
+        import numpy as np
+        import torch
+
+        def validate(xs):
+            model = lambda v: np.tanh(v) * 2
+            ys = []
+            for x in xs:
+                ys.append(model(x))
+            return ys
+    """
+    assert found(src) == []
+
+
+def test_lambda_wrapping_a_real_model_still_reported():
+    src = """
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        net = AutoModelForSequenceClassification.from_pretrained("bert-base-uncased")
+
+        def validate(batches):
+            model = lambda b: net(**b).logits
+            net.eval()
+            kept = []
+            for b in batches:
+                kept.append(model(b))
+            return kept
+    """
+    assert found(src) == [("BL501", 12), ("BL502", 12)]
+
+
+def test_torch_model_in_same_shape_still_reported():
+    # the look-alike with a real torch model: kept
+    src = """
+        import torch
+
+        model = torch.jit.load("scripted.pt")
+
+        def evaluate(batches):
+            model.eval()
+            outs = []
+            for b in batches:
+                outs.append(model(b))
+            return outs
+    """
+    assert found(src) == [("BL501", 10), ("BL502", 10)]
+
+
+def test_realworld_shapes_stay_silent():
+    # set_grad_enabled(phase == "train") phase loops, helpers run under a caller's no_grad, gathered eval losses
+    src = """
+        import numpy as np
+        import torch
+
+        def make_val_step(model, loss_fn):
+            def step(x, y):
+                model.eval()
+                return loss_fn(model(x), y).item()
+            return step
+
+        def mini_batch(loader, step_fn):
+            losses = []
+            for x, y in loader:
+                losses.append(step_fn(x, y))
+            return np.mean(losses)
+
+        def fit(model, optimizer, criterion, loaders, epochs):
+            for epoch in range(epochs):
+                for phase in ["train", "val"]:
+                    model.train() if phase == "train" else model.eval()
+                    running = 0.0
+                    for x, y in loaders[phase]:
+                        optimizer.zero_grad()
+                        with torch.set_grad_enabled(phase == "train"):
+                            out = model(x)
+                            loss = criterion(out, y)
+                            if phase == "train":
+                                loss.backward()
+                                optimizer.step()
+                        running += loss.item() * x.size(0)
+
+        def evaluate(model, loader, accelerator, bs):
+            model.eval()
+            losses = []
+            for batch in loader:
+                with torch.no_grad():
+                    outputs = model(**batch)
+                loss = outputs.loss
+                losses.append(accelerator.gather_for_metrics(loss.repeat(bs)))
+            return torch.cat(losses).mean()
+
+        def run(model, loss_fn, val_loader):
+            with torch.no_grad():
+                return mini_batch(val_loader, make_val_step(model, loss_fn))
+    """
+    assert found(src) == []
