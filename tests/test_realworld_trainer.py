@@ -103,3 +103,31 @@ Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds).tr
 
 def test_bl503_still_reports_padding_that_reaches_training_data():
     assert _codes(_PAD_SHARED, "BL503") == [6]
+
+
+# --- BL204: PEFT adapters on a float16 base are float32 -------------------------------------------------------
+
+_LORA_ON_FP16_BASE = '''
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+base = AutoModelForCausalLM.from_pretrained("facebook/opt-350m", dtype=torch.float16)
+model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM"))
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, fp16=True, learning_rate=2e-4)
+Trainer(model=model, args=args, train_dataset=train_ds).train()
+'''
+
+
+def test_bl204_silent_for_lora_adapters_on_a_float16_base():
+    assert _codes(_LORA_ON_FP16_BASE, "BL204") == []
+
+
+def test_bl204_still_reports_when_adapters_are_kept_in_float16():
+    src = _LORA_ON_FP16_BASE.replace('task_type="CAUSAL_LM"))', 'task_type="CAUSAL_LM"), autocast_adapter_dtype=False)')
+    assert _codes(src, "BL204") == [6]
+
+
+def test_bl204_still_reports_a_half_cast_after_wrapping():
+    src = _LORA_ON_FP16_BASE.replace("args = TrainingArguments", "model.half()\nargs = TrainingArguments")
+    assert _codes(src, "BL204") == [8]

@@ -11,6 +11,16 @@ from bertlint.types import Severity
 import os
 
 
+def _cast_after(ctx, m) -> bool:
+    """The model is cast to float16 after PEFT wrapped it (the adapters are then float16 too)."""
+    if m.cast != "float16" or m.cast_node is None or m.peft_node is None:
+        return False
+    try:
+        return ctx.span(m.cast_node)[0].row > ctx.span(m.peft_node)[0].row
+    except Exception:
+        return False
+
+
 @rule("BL204", "fp16-amp-on-half-weights", Severity.ERROR, "fp16 mixed precision on a model loaded or cast to float16")
 def check(ctx) -> None:
     if "fp16" not in ctx.source:
@@ -22,6 +32,11 @@ def check(ctx) -> None:
         if ti.args.get("deepspeed") not in (None,):
             continue  # DeepSpeed keeps its own fp32 master weights and loss scaler
         m = ti.model
+        if (m.peft or m.kbit) and "autocast_adapter_dtype=False" not in ctx.source and not _cast_after(ctx, m):
+            # PEFT (>= 0.12) creates the trainable adapter weights in float32 even on a float16 base, and
+            # prepare_model_for_kbit_training casts the non-quantized parameters to float32: the trainable
+            # gradients are float32 and the GradScaler accepts them; the frozen float16 base gets no gradient.
+            continue
         node, how = None, None
         if m.cast == "float16":
             node, how = m.cast_node, "is cast to float16"
