@@ -825,11 +825,31 @@ class FileLoops:
 
         walk_def(expr, func, 0)
 
+        # Names N is computed *from*, as a numerator: ``N = batch_size // micro_batch_size`` makes ``batch_size`` a
+        # multiple of N (the global batch), so ``len(data) // batch_size`` already counts optimizer steps.
+        n_sources: set = set()
+        if accum_text:
+            for a in (self.t.assignments_of(accum_text, func) or self.t.assignments.get(accum_text, []))[:4]:
+                v = a.value
+                while type(v) is cst.BinaryOperation and type(v.operator) in (cst.Divide, cst.FloorDivide):
+                    v = v.left
+                    if type(v) is cst.BinaryOperation and type(v.operator) is cst.Multiply:
+                        break
+                if v is not a.value:
+                    inner = v
+                    while type(inner) is cst.BinaryOperation and type(inner.operator) is cst.Multiply:
+                        inner = inner.left
+                    d = dotted(inner) if isinstance(inner, (cst.Name, cst.Attribute)) else None
+                    if d:
+                        n_sources.add(d)
+
         def accumish(e) -> bool:
             d = dotted(e)
             if d is None:
+                if type(e) is cst.BinaryOperation and type(e.operator) is cst.Multiply:
+                    return accumish(e.left) or accumish(e.right)  # ``/ (N * world_size)``
                 return bool(accum_text) and code_of(e).strip() == accum_text  # ``/ 8`` with N = 8
-            return bool(ACCUM_RE.search(d) or (accum_text and d == accum_text))
+            return bool(ACCUM_RE.search(d) or (accum_text and d == accum_text) or d in n_sources)
 
         has_div = has_mul = False
         texts = []

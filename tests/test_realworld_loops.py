@@ -1,0 +1,70 @@
+"""Regressions from a false-positive hunt on public training scripts (hand-written loops, accelerate, Fabric,
+DeepSpeed, DDP no_sync, GradScaler).  Each example is a small loop written for this test that keeps only the shape
+which misled (or nearly misled) a rule; the `*_still_flagged` twins keep the true positive next to it."""
+
+from __future__ import annotations
+
+import textwrap
+
+from bertlint.engine import lint_python
+
+LOOP_CODES = {f"BL1{n:02d}" for n in range(1, 16)} | {"BL201", "BL202"}
+
+
+def codes(src: str) -> list[str]:
+    return sorted(d.code for d in lint_python(textwrap.dedent(src), "t.py") if d.code in LOOP_CODES)
+
+
+# --- BL106: the schedule length is divided by the *global* batch size, the quantity N itself is computed from.
+GLOBAL_BATCH_DIVISOR = """
+import torch
+
+def fit(fabric, model, optimizer, samples, cfg):
+    total_iters = len(samples) * cfg.epochs
+    accum = cfg.global_batch // cfg.micro_batch
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_iters // cfg.global_batch)
+    updates = 0
+    for it in range(1, total_iters + 1):
+        x, y = draw(samples, cfg.micro_batch)
+        accumulating = it % accum != 0
+        with fabric.no_backward_sync(model, enabled=accumulating):
+            fabric.backward(model(x, y) / accum)
+        if not accumulating:
+            optimizer.step()
+            optimizer.zero_grad()
+            sched.step()
+            updates += 1
+"""
+
+
+def test_bl106_length_divided_by_the_global_batch_n_is_derived_from_is_silent():
+    assert "BL106" not in codes(GLOBAL_BATCH_DIVISOR)
+
+
+def test_bl106_length_divided_by_the_micro_batch_still_flagged():
+    # ``len(samples) // micro_batch`` counts micro-batches: N's *denominator* is not a multiple of N.
+    src = GLOBAL_BATCH_DIVISOR.replace("total_iters // cfg.global_batch", "total_iters // cfg.micro_batch")
+    assert "BL106" in codes(src)
+
+
+PRODUCT_DIVISOR = """
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+def train(model, dl, args, world_size):
+    optimizer = torch.optim.AdamW(model.parameters())
+    total = len(dl) * args.epochs // (args.gradient_accumulation_steps * world_size)
+    sched = get_linear_schedule_with_warmup(optimizer, 100, total)
+    for epoch in range(args.epochs):
+        for step, batch in enumerate(dl):
+            loss = model(**batch).loss / args.gradient_accumulation_steps
+            loss.backward()
+            if (step + 1) % args.gradient_accumulation_steps == 0:
+                optimizer.step()
+                sched.step()
+                optimizer.zero_grad()
+"""
+
+
+def test_bl106_length_divided_by_a_product_containing_n_is_silent():
+    assert "BL106" not in codes(PRODUCT_DIVISOR)
