@@ -165,3 +165,64 @@ def test_realworld_shapes_stay_silent():
                 return mini_batch(val_loader, make_val_step(model, loss_fn))
     """
     assert found(src) == []
+
+
+def test_cuda_amp_import_only_as_fallback_is_not_reported():
+    src = """
+        import torch
+
+        try:
+            from torch.amp import GradScaler, autocast
+        except ImportError:
+            from torch.cuda.amp import GradScaler, autocast
+
+        scaler = GradScaler("cuda")
+
+        def step(model, x):
+            with autocast("cuda"):
+                return model(x).sum()
+    """
+    assert found(src) == []
+
+
+def test_cuda_amp_fallback_under_version_test_is_not_reported():
+    src = """
+        import torch
+
+        if torch.__version__ < "2.4":
+            from torch.cuda.amp import autocast as amp_autocast
+        else:
+            from torch.amp import autocast as amp_autocast
+
+        def step(model, x):
+            with amp_autocast("cuda"):
+                return model(x).sum()
+    """
+    assert found(src) == []
+
+
+def test_cuda_amp_primary_import_still_reported():
+    # the deprecated import is the one used on a current torch: kept
+    src = """
+        import torch
+        from torch.cuda.amp import GradScaler, autocast
+
+        scaler = GradScaler()
+
+        def step(model, x):
+            with autocast():
+                return model(x).sum()
+    """
+    assert found(src) == [("BL206", 5), ("BL206", 8)]
+
+
+def test_guarded_plain_torch_import_does_not_hide_cuda_amp_uses():
+    src = """
+        from transformers.utils import is_torch_available
+
+        if is_torch_available():
+            import torch
+
+        scaler = torch.cuda.amp.GradScaler()
+    """
+    assert found(src) == [("BL206", 7)]

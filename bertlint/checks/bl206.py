@@ -46,6 +46,13 @@ class _Uses(cst.CSTVisitor):
         super().__init__()
         self.calls: list[cst.Call] = []
         self.decorators: list[cst.Decorator] = []
+        self.imports: list[cst.CSTNode] = []
+
+    def visit_Import(self, node: cst.Import) -> None:
+        self.imports.append(node)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.imports.append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
         self.calls.append(node)
@@ -120,6 +127,30 @@ def _version_guarded(ctx, node) -> bool:
     return False
 
 
+def _fallback_names(ctx, imports) -> set[str]:
+    """Local names bound by an import made only as an old-torch fallback (``try: from torch.amp import autocast``
+    / ``except ImportError: from torch.cuda.amp import autocast``, or under a version / ``hasattr`` test): on a
+    current torch the name is ``torch.amp``'s, so its uses are not the deprecated API."""
+    out: set[str] = set()
+    for imp in imports:
+        if not _version_guarded(ctx, imp) or isinstance(imp.names, cst.ImportStar):
+            continue
+        if isinstance(imp, cst.ImportFrom):
+            mod = dotted(imp.module) if imp.module is not None else ""
+            if not (mod or "").startswith(("torch.cuda", "torch.cpu")):
+                continue
+        for alias in imp.names:
+            if isinstance(imp, cst.Import) and not (dotted(alias.name) or "").startswith(("torch.cuda.amp",
+                                                                                          "torch.cpu.amp")):
+                continue
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            if isinstance(bound, (cst.Name, cst.Attribute)):
+                d = dotted(bound)
+                if d:
+                    out.add(d.split(".")[0])
+    return out
+
+
 def _torch_target(ctx):
     try:
         tv = ctx.versions.torch
@@ -160,7 +191,9 @@ def check(ctx) -> None:
             found.append((d.decorator, None, q, *_DEPRECATED[q]))
     if not found:
         return
-    found = [f for f in found if not _version_guarded(ctx, f[0])]
+    fallback = _fallback_names(ctx, uses.imports)
+    found = [f for f in found if not _version_guarded(ctx, f[0]) and not (
+        fallback and (dotted(f[0].func if isinstance(f[0], cst.Call) else f[0]) or "").split(".")[0] in fallback)]
     if not found:
         return
     tv = _torch_target(ctx)
