@@ -131,3 +131,30 @@ def test_bl204_still_reports_when_adapters_are_kept_in_float16():
 def test_bl204_still_reports_a_half_cast_after_wrapping():
     src = _LORA_ON_FP16_BASE.replace("args = TrainingArguments", "model.half()\nargs = TrainingArguments")
     assert _codes(src, "BL204") == [8]
+
+
+# --- BL411: a config that already asks for norm 1.0 ----------------------------------------------------------
+
+def _lint_config(tmp_path, name: str, text: str, code: str) -> list:
+    from bertlint.api import lint_path
+    from bertlint.config import clear_caches
+
+    p = tmp_path / name
+    p.write_text(text)
+    (tmp_path / "pyproject.toml").write_text('[tool.bertlint]\ntarget-versions = { deepspeed = "0.19.8" }\n')
+    clear_caches()
+    return [d.start.row for d in lint_path(str(p)) if d.code == code]
+
+
+def test_bl411_silent_when_the_optimizer_asks_for_max_grad_norm_one(tmp_path):
+    cfg = ('{"train_batch_size": 48, "train_micro_batch_size_per_gpu": 12,\n'
+           ' "optimizer": {"type": "Adam", "params": {"lr": 5e-5, "max_grad_norm": 1.0}},\n'
+           ' "fp16": {"enabled": true}}\n')
+    assert _lint_config(tmp_path, "ds_config.json", cfg, "BL411") == []
+
+
+def test_bl411_still_reports_another_optimizer_norm(tmp_path):
+    cfg = ('{"train_batch_size": 48, "train_micro_batch_size_per_gpu": 12,\n'
+           ' "optimizer": {"type": "Adam", "params": {"lr": 5e-5, "max_grad_norm": 5.0}},\n'
+           ' "fp16": {"enabled": true}}\n')
+    assert _lint_config(tmp_path, "ds_config.json", cfg, "BL411") == [1]

@@ -89,7 +89,7 @@ def _json_fix(ctx):
 def _check_config(ctx) -> None:
     kind = cf.classify(ctx.data)
     if kind == "deepspeed":
-        if "gradient_clipping" in ctx.data:
+        if "gradient_clipping" in ctx.data or _asks_norm_one(ctx.data):
             return
         v, vdesc = _version(ctx)
         if v < cf.DS_CLIP_DEFAULT_SINCE:
@@ -140,13 +140,22 @@ def _check_script(ctx) -> None:
         # a dict literal in the script (config files are reported in the file itself)
         if use.dict_node is None or use.mutated or not isinstance(use.data, dict):
             continue
-        if "gradient_clipping" in use.data or cf.classify(use.data) != "deepspeed" and not _looks_ds(use.data):
+        if "gradient_clipping" in use.data or _asks_norm_one(use.data) or cf.classify(use.data) != "deepspeed" and not _looks_ds(use.data):
             continue
         version = version or _version(ctx)
         if version[0] < cf.DS_CLIP_DEFAULT_SINCE:
             continue
         ctx.report(use.dict_node, missing_message(version[1], "This DeepSpeed config dict"),
                    data={"deepspeed": cf.vtext(version[0])})
+
+
+def _asks_norm_one(d: dict) -> bool:
+    """The config asks for clipping at norm 1.0 elsewhere (the optimizer's ``max_grad_norm``, as older DeepSpeed
+    examples wrote it): the new default does what the author asked for, so there is nothing to report."""
+    opt = d.get("optimizer")
+    params = opt.get("params") if isinstance(opt, dict) else None
+    g = params.get("max_grad_norm") if isinstance(params, dict) else None
+    return isinstance(g, (int, float)) and not isinstance(g, bool) and g == 1.0
 
 
 def _looks_ds(d: dict) -> bool:
