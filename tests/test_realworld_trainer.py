@@ -158,3 +158,26 @@ def test_bl411_still_reports_another_optimizer_norm(tmp_path):
            ' "optimizer": {"type": "Adam", "params": {"lr": 5e-5, "max_grad_norm": 5.0}},\n'
            ' "fp16": {"enabled": true}}\n')
     assert _lint_config(tmp_path, "ds_config.json", cfg, "BL411") == [1]
+
+
+# --- BL410: the accumulation factor hidden in a named divisor --------------------------------------------------
+
+_STEPS_NAMED_DIVISOR = '''
+from transformers import Trainer, TrainingArguments
+MICRO = 16
+ACC_STEPS = 8
+UPDATE_BATCH = MICRO * ACC_STEPS
+updates_per_epoch = len(train_set) // UPDATE_BATCH
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=MICRO, gradient_accumulation_steps=ACC_STEPS,
+                         eval_steps=updates_per_epoch, save_steps=updates_per_epoch, num_train_epochs=2)
+Trainer(model=model, args=args, train_dataset=train_set).train()
+'''
+
+
+def test_bl410_silent_when_a_named_divisor_includes_the_accumulation():
+    assert _codes(_STEPS_NAMED_DIVISOR, "BL410") == []
+
+
+def test_bl410_still_reports_a_micro_batch_count():
+    src = _STEPS_NAMED_DIVISOR.replace("UPDATE_BATCH = MICRO * ACC_STEPS", "UPDATE_BATCH = MICRO")
+    assert _codes(src, "BL410") == [8, 8]

@@ -12,11 +12,29 @@ from bertlint.types import Severity
 _STEP_ARGS = ("max_steps", "logging_steps", "eval_steps", "save_steps", "warmup_steps")
 
 
-def _expr_text(ctx, expr, func, depth=0) -> str:
+class _Names(cst.CSTVisitor):
+    def __init__(self):
+        self.names = []
+
+    def visit_Name(self, node):
+        self.names.append(node.value)
+
+
+def _expr_text(ctx, expr, func, depth=0, seen=None) -> str:
+    """The expression's code followed by the code of every name it uses (3 levels deep), so that a divisor named
+    elsewhere (``EFFECTIVE = BATCH * GRAD_ACC``; ``len(ds) // EFFECTIVE``) is seen."""
+    seen = set() if seen is None else seen
     text = code_of(expr)
-    if depth < 3 and isinstance(expr, cst.Name):
-        for a in ctx.symbols.assignments_of(expr.value, func):
-            text += " " + _expr_text(ctx, a.value, a.func, depth + 1)
+    if depth >= 3:
+        return text
+    v = _Names()
+    expr.visit(v)
+    for name in v.names:
+        if name in seen:
+            continue
+        seen.add(name)
+        for a in ctx.symbols.assignments_of(name, func):
+            text += " " + _expr_text(ctx, a.value, a.func, depth + 1, seen)
     return text
 
 
