@@ -68,3 +68,39 @@ def train(model, dl, args, world_size):
 
 def test_bl106_length_divided_by_a_product_containing_n_is_silent():
     assert "BL106" not in codes(PRODUCT_DIVISOR)
+
+
+# --- No window at all: the backward sits under the step's own gate, so skipped micro-batches never reach autograd
+# and nothing accumulates.  Window rules (BL107 first-window, BL102, BL103, BL112 ...) have nothing to say.
+BACKWARD_UNDER_STEP_GATE = """
+import torch
+
+def train(model, loader, optimizer, scheduler, args):
+    model.zero_grad()
+    for epoch in range(args.epochs):
+        for step, batch in enumerate(loader):
+            loss = model(**batch).loss
+            if step % args.gradient_accumulation_steps == 0:
+                loss = loss / args.gradient_accumulation_steps
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                model.zero_grad()
+"""
+
+
+def test_backward_under_the_step_gate_has_no_window():
+    assert codes(BACKWARD_UNDER_STEP_GATE) == []
+
+
+def test_backward_outside_the_gate_still_flagged_bl107():
+    src = BACKWARD_UNDER_STEP_GATE.replace(
+        "            if step % args.gradient_accumulation_steps == 0:\n"
+        "                loss = loss / args.gradient_accumulation_steps\n"
+        "                loss.backward()\n",
+        "            loss = loss / args.gradient_accumulation_steps\n"
+        "            loss.backward()\n"
+        "            if step % args.gradient_accumulation_steps == 0:\n",
+    )
+    assert "BL107" in codes(src)

@@ -65,9 +65,25 @@ def step_gate(loop: TrainingLoop) -> Optional[Gate]:
     return None
 
 
+def no_window(loop: TrainingLoop, gate: Optional[Gate] = None) -> bool:
+    """Every backward runs under the step's own gate (``gate``, or the step's boundary gates), on its firing side:
+    the gradients of the skipped micro-batches are never computed, so nothing accumulates across micro-batches and
+    there is no window for the accumulation rules to reason about (each update comes from one micro-batch)."""
+    bws = loop.backwards
+    if not bws:
+        return False
+    gates = [gate] if gate is not None else [g for e in loop.steps for g in e.frequency_gates if g.on_boundary]
+    nodes = {id(g.node) for g in gates if g is not None and g.node is not None and g.kind == "modulo"}
+    if not nodes:
+        return False
+    return all(any(id(g.node) in nodes and g.on_boundary for g in e.frequency_gates) for e in bws)
+
+
 def accum_gated(loop: TrainingLoop) -> bool:
     """The optimizer step runs once per window of a modulo / counter / sync / boundary gate (not a logging one)."""
     if not loop.step_gated():
+        return False
+    if no_window(loop):
         return False
     for e in loop.steps:
         for g in e.frequency_gates:
@@ -218,6 +234,8 @@ def accum_gate(ctx, loop: TrainingLoop, g: Gate) -> bool:
 
     if g.kind != "modulo" or g.modulus is None:
         return g.kind in ("sync", "boundary", "counter", "window")
+    if no_window(loop, g):
+        return False
     text = g.modulus_text or ""
     if ACCUM_RE.search(text):
         return True
