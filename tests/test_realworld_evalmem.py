@@ -226,3 +226,70 @@ def test_guarded_plain_torch_import_does_not_hide_cuda_amp_uses():
         scaler = torch.cuda.amp.GradScaler()
     """
     assert found(src) == [("BL206", 7)]
+
+
+def test_file_criterion_returning_item_is_not_graph():
+    src = """
+        import torch
+        import torch.nn.functional as F
+
+        def criterion(pred, y):
+            return F.l1_loss(pred, y).item()
+
+        def train(model, loader, opt):
+            model.train()
+            total = 0.0
+            for x, y in loader:
+                pred = model(x)
+                F.l1_loss(pred, y).backward()
+                opt.step()
+                opt.zero_grad()
+                total += criterion(pred, y)
+            return total
+    """
+    assert found(src) == []
+
+
+def test_file_criterion_returning_tensor_still_reported():
+    src = """
+        import torch
+        import torch.nn.functional as F
+
+        def criterion(pred, y):
+            return F.l1_loss(pred, y)
+
+        def train(model, loader, opt, scale):
+            model.train()
+            total = 0.0
+            for x, y in loader:
+                pred = model(x)
+                loss = criterion(pred, y) * scale
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                total += loss
+            return total
+    """
+    assert found(src) == [("BL501", 17)]
+
+
+def test_parameter_named_criterion_shadows_the_file_function():
+    src = """
+        import torch
+        import torch.nn.functional as F
+
+        def criterion(pred, y):
+            return F.l1_loss(pred, y).item()
+
+        def train(model, loader, opt, criterion):
+            model.train()
+            total = 0.0
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                total += loss
+            return total
+    """
+    assert found(src) == [("BL501", 16)]

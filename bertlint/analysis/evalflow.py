@@ -939,12 +939,30 @@ class EvalFlow:
                     return any(self.carries_graph(a.value, env) for a in expr.args)
             if isinstance(func, cst.Name) and func.value in _BUILTIN_GRAPH and func.value not in self.symbols.imports:
                 return any(self.carries_graph(a.value, env) for a in expr.args)
+            if isinstance(func, cst.Name) and self._own_function(func.value, expr):
+                # `criterion(...)` defined in this file: its returns decide, not its name (it may return `.item()`)
+                return self._helper_returns_graph(func.value, expr, env)
             if self.loss_kind(expr) is not None:
                 return any(self.carries_graph(a.value, env) for a in expr.args)
             if isinstance(func, cst.Name):
                 return self._helper_returns_graph(func.value, expr, env)
             return False
         return False
+
+    def _own_function(self, name: str, call: cst.Call) -> bool:
+        """``name`` at ``call`` is a module-level function of this file: not imported, not re-bound by an
+        assignment, not a parameter of the enclosing function."""
+        if name in self.symbols.imports or self.symbols.assignments.get(name):
+            return False
+        if not any(self.scope.get(f) is None for f in self.symbols.functions.get(name, [])):
+            return False
+        fn = self.scope_of(call)
+        while fn is not None:
+            if any(p.name.value == name for p in (*fn.params.params, *fn.params.kwonly_params,
+                                                   *fn.params.posonly_params)):
+                return False
+            fn = self.scope.get(fn)
+        return True
 
     def _helper_returns_graph(self, name: str, call: cst.Call, env: dict[str, bool]) -> bool:
         """A module-level function of this file (``mean_pool(hidden, mask)``) whose every return carries the graph
