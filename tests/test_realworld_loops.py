@@ -104,3 +104,34 @@ def test_backward_outside_the_gate_still_flagged_bl107():
         "            if step % args.gradient_accumulation_steps == 0:\n",
     )
     assert "BL107" in codes(src)
+
+
+# --- BL109: an apex-style ``with amp.scale_loss(loss, opt) as scaled: scaled.backward()`` branch (the vendored HF
+# Trainer's ``use_apex`` path) is that framework's own scaled backward, not a bypassed Accelerator.
+APEX_BRANCH = """
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+
+def fit(model, optimizer, loader, use_apex):
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            if use_apex:
+                with amp.scale_loss(loss, optimizer) as scaled:
+                    scaled.backward()
+            else:
+                accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_bl109_apex_scale_loss_branch_is_silent():
+    assert "BL109" not in codes(APEX_BRANCH)
+
+
+def test_bl109_plain_backward_beside_it_still_flagged():
+    src = APEX_BRANCH.replace("accelerator.backward(loss)", "loss.backward()")
+    assert codes(src).count("BL109") == 1

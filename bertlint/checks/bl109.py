@@ -46,6 +46,8 @@ def check(ctx) -> None:
             for bw in loop.backwards:
                 if bw.backward_style not in ("tensor", "scaler"):
                     continue
+                if id(bw.call) in _own_scaled_backwards(ctx):
+                    continue  # apex ``with amp.scale_loss(loss, opt) as scaled: scaled.backward()``: apex's own path
                 fix = None
                 if bw.backward_style == "tensor" and bw.arg is not None and not bw.call.args:
                     fix = ctx.fix(f"Use `{accel}.backward(...)`",
@@ -82,6 +84,49 @@ def check(ctx) -> None:
                     f"body in `with accelerator.accumulate(model):` and drop the gate.",
                 )
                 break
+
+
+def _own_scaled_backwards(ctx) -> set:
+    """ids of ``X.backward()`` calls whose ``X`` is bound by ``with <...>.scale_loss(...) as X`` around them (apex
+    amp, or an optimizer wrapper with its own loss scaling): that branch scales and backpropagates through its own
+    framework on purpose (the HF Trainer's ``use_apex`` path), it does not bypass the Accelerator by mistake."""
+    cached = getattr(ctx, "_bl109_scaled", None)
+    if cached is not None:
+        return cached
+    from bertlint.analysis.loops import walk
+    import libcst as cst
+
+    out: set = set()
+    for node in walk(ctx.module, into_scopes=True):
+        if type(node) is not cst.With:
+            continue
+        names = set()
+        for item in node.items:
+            call = item.item
+            if (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, (cst.Attribute, cst.Name))
+                and (call.func.attr.value if isinstance(call.func, cst.Attribute) else call.func.value) == "scale_loss"
+                and item.asname is not None
+                and isinstance(item.asname.name, cst.Name)
+            ):
+                names.add(item.asname.name.value)
+        if not names:
+            continue
+        for inner in walk(node.body, into_scopes=False):
+            if (
+                type(inner) is cst.Call
+                and isinstance(inner.func, cst.Attribute)
+                and inner.func.attr.value == "backward"
+                and isinstance(inner.func.value, cst.Name)
+                and inner.func.value.value in names
+            ):
+                out.add(id(inner))
+    try:
+        ctx._bl109_scaled = out
+    except AttributeError:
+        pass
+    return out
 
 
 def _launcher_deepspeed(ctx) -> tuple[bool, str]:
