@@ -293,3 +293,57 @@ def test_parameter_named_criterion_shadows_the_file_function():
             return total
     """
     assert found(src) == [("BL501", 16)]
+
+
+def test_own_method_returning_item_is_not_graph():
+    src = """
+        import torch
+        import torch.nn.functional as F
+
+        class Fitter:
+            def __init__(self, model, opt):
+                self.model = model
+                self.opt = opt
+
+            def loss_value(self, logits, labels):
+                return F.cross_entropy(logits, labels).item()
+
+            def fit(self, loader):
+                self.model.train()
+                total = 0.0
+                for x, y in loader:
+                    logits = self.model(x)
+                    F.cross_entropy(logits, y).backward()
+                    self.opt.step()
+                    self.opt.zero_grad()
+                    total += self.loss_value(logits, y)
+                return total
+    """
+    assert found(src) == []
+
+
+def test_own_method_returning_loss_tensor_still_reported():
+    src = """
+        import torch
+        import torch.nn.functional as F
+
+        class Fitter:
+            def __init__(self, model, opt):
+                self.model = model
+                self.opt = opt
+
+            def compute_loss(self, logits, labels):
+                return F.cross_entropy(logits, labels)
+
+            def fit(self, loader):
+                self.model.train()
+                total = 0.0
+                for x, y in loader:
+                    loss = self.compute_loss(self.model(x), y)
+                    loss.backward()
+                    self.opt.step()
+                    self.opt.zero_grad()
+                    total += loss
+                return total
+    """
+    assert found(src) == [("BL501", 21)]

@@ -942,6 +942,9 @@ class EvalFlow:
             if isinstance(func, cst.Name) and self._own_function(func.value, expr):
                 # `criterion(...)` defined in this file: its returns decide, not its name (it may return `.item()`)
                 return self._helper_returns_graph(func.value, expr, env)
+            method = self._own_method(expr)
+            if method is not None:
+                return self._returns_graph(method, expr, env, skip_self=True)
             if self.loss_kind(expr) is not None:
                 return any(self.carries_graph(a.value, env) for a in expr.args)
             if isinstance(func, cst.Name):
@@ -964,14 +967,34 @@ class EvalFlow:
             fn = self.scope.get(fn)
         return True
 
+    def _own_method(self, call: cst.Call) -> Optional[cst.FunctionDef]:
+        """The method of the enclosing class that ``self.name(...)`` calls, when the class defines exactly one."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"):
+            return None
+        cur = self.parent.get(call)
+        while cur is not None and not isinstance(cur, cst.ClassDef):
+            cur = self.parent.get(cur)
+        if cur is None or not isinstance(cur.body, cst.IndentedBlock):
+            return None
+        found = [st for st in cur.body.body if isinstance(st, cst.FunctionDef) and st.name.value == func.attr.value]
+        if len(found) != 1 or found[0].decorators:
+            return None
+        return found[0]
+
     def _helper_returns_graph(self, name: str, call: cst.Call, env: dict[str, bool]) -> bool:
         """A module-level function of this file (``mean_pool(hidden, mask)``) whose every return carries the graph
         of a graph-carrying argument."""
         fns = [f for f in self.symbols.functions.get(name, []) if self.scope.get(f) is None]
         if len(fns) != 1 or name in self.symbols.imports:
             return False
-        fn = fns[0]
+        return self._returns_graph(fns[0], call, env)
+
+    def _returns_graph(self, fn: cst.FunctionDef, call: cst.Call, env: dict[str, bool],
+                       skip_self: bool = False) -> bool:
         params = [p for p in fn.params.params]
+        if skip_self:
+            params = params[1:]
         if any(a.star or a.keyword is not None for a in call.args) or len(call.args) > len(params):
             return False
         flags = tuple(self.carries_graph(a.value, env) for a in call.args)
