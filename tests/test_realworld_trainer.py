@@ -181,3 +181,23 @@ def test_bl410_silent_when_a_named_divisor_includes_the_accumulation():
 def test_bl410_still_reports_a_micro_batch_count():
     src = _STEPS_NAMED_DIVISOR.replace("UPDATE_BATCH = MICRO * ACC_STEPS", "UPDATE_BATCH = MICRO")
     assert _codes(src, "BL410") == [8, 8]
+
+
+_STEPS_GLOBAL_BATCH = '''
+from transformers import Trainer, TrainingArguments
+GLOBAL_BATCH = 64
+PER_GPU = 8
+ACCUM = GLOBAL_BATCH // PER_GPU
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=PER_GPU, gradient_accumulation_steps=ACCUM,
+                         max_steps=len(train_set) // GLOBAL_BATCH * 3)
+Trainer(model=model, args=args, train_dataset=train_set).train()
+'''
+
+
+def test_bl410_silent_when_divided_by_the_batch_the_accumulation_is_derived_from():
+    assert _codes(_STEPS_GLOBAL_BATCH, "BL410") == []
+
+
+def test_bl410_still_reports_division_by_the_per_device_batch():
+    src = _STEPS_GLOBAL_BATCH.replace("len(train_set) // GLOBAL_BATCH", "len(train_set) // PER_GPU")
+    assert _codes(src, "BL410") == [6]

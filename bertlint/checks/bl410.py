@@ -20,6 +20,22 @@ class _Names(cst.CSTVisitor):
         self.names.append(node.value)
 
 
+def _names_of(ctx, expr, func, depth=0, out=None) -> set:
+    """Every name an expression uses, following assignments 3 levels deep."""
+    out = set() if out is None else out
+    if expr is None or depth >= 3:
+        return out
+    v = _Names()
+    expr.visit(v)
+    for name in v.names:
+        if name in out:
+            continue
+        out.add(name)
+        for a in ctx.symbols.assignments_of(name, func):
+            _names_of(ctx, a.value, a.func, depth + 1, out)
+    return out
+
+
 def _expr_text(ctx, expr, func, depth=0, seen=None) -> str:
     """The expression's code followed by the code of every name it uses (3 levels deep), so that a divisor named
     elsewhere (``EFFECTIVE = BATCH * GRAD_ACC``; ``len(ds) // EFFECTIVE``) is seen."""
@@ -49,12 +65,20 @@ def check(ctx) -> None:
             continue
         ga_node = ta.keyword_node("gradient_accumulation_steps")
         ga_text = code_of(ga_node.value) if isinstance(ga_node, cst.Arg) else None
+        # names the accumulation is derived from, other than the per-device batch's own: a step count divided by
+        # one of them (``GA = GLOBAL // MICRO``; ``len(ds) // GLOBAL``) counts optimizer steps already
+        ga_names = _names_of(ctx, ga_node.value, ta.func) if isinstance(ga_node, cst.Arg) else set()
+        bs_node = ta.keyword_node("per_device_train_batch_size")
+        if isinstance(bs_node, cst.Arg):
+            ga_names -= _names_of(ctx, bs_node.value, ta.func)
         for name in _STEP_ARGS:
             node = ta.keyword_node(name)
             if not isinstance(node, cst.Arg) or node.keyword is None or node.keyword.value != name:
                 continue
             text = _expr_text(ctx, node.value, ta.func)
             if "len(" not in text:
+                continue
+            if ga_names & _names_of(ctx, node.value, ta.func):
                 continue
             low = text.lower()
             if "accum" in low or (ga_text and ga_text in text) or f"// {n}" in text or f"/ {n}" in text:
