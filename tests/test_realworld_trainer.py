@@ -200,4 +200,4 @@ def test_bl410_silent_when_divided_by_the_batch_the_accumulation_is_derived_from
 
 def test_bl410_still_reports_division_by_the_per_device_batch():
     src = _STEPS_GLOBAL_BATCH.replace("len(train_set) // GLOBAL_BATCH", "len(train_set) // PER_GPU")
-    assert _codes(src, "BL410") == [6]
+    assert _codes(src, "BL410") == [7]
