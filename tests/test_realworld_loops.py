@@ -135,3 +135,29 @@ def test_bl109_apex_scale_loss_branch_is_silent():
 def test_bl109_plain_backward_beside_it_still_flagged():
     src = APEX_BRANCH.replace("accelerator.backward(loss)", "loss.backward()")
     assert codes(src).count("BL109") == 1
+
+
+# --- BL113: an inner loop over *tasks* (multi-task training) sums the step's objective; it is not a window of
+# micro-batches whose backward was deferred, even though its items are called ``batch``.
+MULTITASK_SUM = """
+import torch
+
+def train(model, loaders, optimizer):
+    for step, batches in enumerate(zip(*loaders)):
+        objective = 0
+        for task_id, batch in enumerate(batches):
+            objective = objective + model(batch, task=task_id).loss
+        objective.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_bl113_sum_over_tasks_is_silent():
+    assert "BL113" not in codes(MULTITASK_SUM)
+
+
+def test_bl113_sum_over_micro_batches_still_flagged():
+    src = MULTITASK_SUM.replace("for task_id, batch in enumerate(batches):", "for micro, batch in enumerate(batches):")
+    src = src.replace("task=task_id", "task=0")
+    assert "BL113" in codes(src)

@@ -16,10 +16,17 @@ from bertlint.types import Severity
 _BATCHY = re.compile(r"batch|loader|micro|window|chunk|\bdl\b|data|accum", re.IGNORECASE)
 
 
+# an inner loop over tasks / objectives / heads / layers / domains / languages sums *different* losses of one
+# step (multi-task training), not the micro-batches of one window: that is the model's objective, not deferred
+# accumulation, even when its items are called ``batch``.
+_NOT_MICRO = re.compile(r"task|objective|head|layer|domain|lang|modal|loss_fn|criteri", re.IGNORECASE)
+
+
 def _batch_loop(node) -> bool:
     """An inner loop over micro-batches (not over heads, tasks or layers)."""
     if isinstance(node, cst.For):
-        return bool(_BATCHY.search(code_of(node.target) + " " + code_of(node.iter)))
+        text = code_of(node.target) + " " + code_of(node.iter)
+        return bool(_BATCHY.search(text)) and not _NOT_MICRO.search(text)
     return False
 
 
