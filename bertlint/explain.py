@@ -136,6 +136,17 @@ def checkpointing_info(setup, versions) -> dict:
     tv = versions.transformers
     on = setup.checkpointing
     if on is False:
+        prep = getattr(setup.model, "kbit_prep", None) if setup.model is not None else None
+        if prep is not None:
+            flag = next((a.value for a in prep.args if a.keyword is not None
+                         and a.keyword.value == "use_gradient_checkpointing"), None)
+            if flag is None or (isinstance(flag, cst.Name) and flag.value == "True"):
+                return {"enabled": None, "reentrant": None,
+                        "text": "on where prepare_model_for_kbit_training runs (it enables checkpointing by "
+                                "default, with the input-grad hook that reentrant checkpointing needs)"}
+            if not (isinstance(flag, cst.Name) and flag.value == "False"):
+                return {"enabled": None, "text": "unknown (prepare_model_for_kbit_training's "
+                                                 "use_gradient_checkpointing is not known statically)"}
         return {"enabled": False, "text": "off"}
     if on is UNKNOWN:
         return {"enabled": None, "text": "unknown"}

@@ -201,3 +201,44 @@ def test_bl410_silent_when_divided_by_the_batch_the_accumulation_is_derived_from
 def test_bl410_still_reports_division_by_the_per_device_batch():
     src = _STEPS_GLOBAL_BATCH.replace("len(train_set) // GLOBAL_BATCH", "len(train_set) // PER_GPU")
     assert _codes(src, "BL410") == [7]
+
+
+# --- explain: checkpointing switched on by prepare_model_for_kbit_training -------------------------------------
+
+_KBIT = '''
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("facebook/opt-350m", quantization_config=BitsAndBytesConfig(load_in_4bit=True))
+model = prepare_model_for_kbit_training(model)
+model = get_peft_model(model, LoraConfig(r=8, task_type="CAUSAL_LM"))
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=4)
+Trainer(model=model, args=args, train_dataset=train_ds).train()
+'''
+
+
+def _explain_checkpointing(tmp_path, src: str) -> str:
+    import json
+    import subprocess
+    import sys
+
+    p = tmp_path / "train.py"
+    p.write_text(src)
+    out = subprocess.run([sys.executable, "-m", "bertlint", "explain", "--output-format", "json", str(p)],
+                         capture_output=True, text=True)
+    data = json.loads(out.stdout)
+    files = data if isinstance(data, list) else [data]
+    setups = files[0].get("setups", files) if isinstance(files[0], dict) else files
+    return json.dumps(setups)
+
+
+def test_explain_does_not_say_off_after_kbit_preparation(tmp_path):
+    text = _explain_checkpointing(tmp_path, _KBIT)
+    assert "prepare_model_for_kbit_training" in text
+
+
+def test_explain_says_off_when_kbit_preparation_opts_out(tmp_path):
+    src = _KBIT.replace("prepare_model_for_kbit_training(model)",
+                        "prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)")
+    text = _explain_checkpointing(tmp_path, src)
+    assert '"text": "off"' in text

@@ -340,6 +340,7 @@ class ModelInfo:
     peft: bool = False
     peft_node: Optional[cst.CSTNode] = None
     kbit: bool = False
+    kbit_prep: Optional[cst.Call] = None  # prepare_model_for_kbit_training(...) / prepare_model_for_int8_training(...)
     frozen_inputs: list = field(default_factory=list)  # nodes that freeze embeddings / input-side parameters
     frozen_any: bool = False
     checkpointing: list = field(default_factory=list)  # CheckpointCall
@@ -866,9 +867,11 @@ class _Builder:
                     self._merge(info, sub)
                     return True
             return False
-        if last in ("get_peft_model", "prepare_model_for_kbit_training") or name.endswith("PeftModel.from_pretrained"):
-            if last == "prepare_model_for_kbit_training":
+        if last in ("get_peft_model", "prepare_model_for_kbit_training", "prepare_model_for_int8_training") \
+                or name.endswith("PeftModel.from_pretrained"):
+            if last in ("prepare_model_for_kbit_training", "prepare_model_for_int8_training"):
                 info.kbit = True
+                info.kbit_prep = info.kbit_prep or call
             else:
                 info.peft = True
             info.peft_node = info.peft_node or call
@@ -1017,7 +1020,7 @@ class _Builder:
 
     def _merge(self, info: ModelInfo, sub: ModelInfo) -> None:
         for f in ("node", "declared_class", "class_name", "family", "head", "checkpoint", "architecture",
-                  "architecture_source", "dtype", "dtype_node", "cast", "cast_node", "peft_node", "use_cache_true",
+                  "architecture_source", "dtype", "dtype_node", "cast", "cast_node", "peft_node", "kbit_prep", "use_cache_true",
                   "is_decoder", "local_class"):
             if getattr(info, f) is None and getattr(sub, f) is not None:
                 setattr(info, f, getattr(sub, f))
