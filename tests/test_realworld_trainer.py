@@ -242,3 +242,13 @@ def test_explain_says_off_when_kbit_preparation_opts_out(tmp_path):
                         "prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)")
     text = _explain_checkpointing(tmp_path, src)
     assert '"text": "off"' in text
+
+
+def test_bl503_eval_words_are_whole_word_starts():
+    from bertlint.checks.bl503 import _eval_only_text
+
+    assert _eval_only_text("prepare_validation_features")
+    assert _eval_only_text("X_test")
+    assert not _eval_only_text("retrieval_pairs")  # "eval" inside a word
+    assert not _eval_only_text("latest_dump")  # "test" inside a word
+    assert not _eval_only_text("generate_and_tokenize_prompt")  # builds training prompts

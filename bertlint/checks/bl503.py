@@ -14,9 +14,9 @@ from bertlint.registry import rule
 from bertlint.types import Severity
 
 
-# Names that say the data is not training data (evaluation, validation, test, prediction, generation).
-_EVAL_WORDS = re.compile(r"(eval|valid|(?<![a-z])val(?![a-z])|(?<![a-z])dev(?![a-z])|test|predict|infer|generat)",
-                         re.IGNORECASE)
+# Names that say the data is not training data (evaluation, validation, test, prediction, inference).
+_EVAL_WORDS = re.compile(
+    r"(?<![a-z])(eval|valid|val(?![a-z])|dev(?![a-z])|test|predict|infer)", re.IGNORECASE)
 _TRAIN_WORDS = re.compile(r"train", re.IGNORECASE)
 
 
