@@ -347,3 +347,53 @@ def test_own_method_returning_loss_tensor_still_reported():
                 return total
     """
     assert found(src) == [("BL501", 21)]
+
+
+def test_eval_mode_forwards_returned_to_a_caller_that_backpropagates():
+    # model.eval() only to switch dropout / batch-norm off; the caller back-propagates the returned outputs
+    src = """
+        import torch
+
+        def chunk_logits(model, chunks):
+            model.eval()
+            kept = []
+            for c in chunks:
+                kept.append(model(c).logits)
+            return kept
+
+        def chunk_losses(model, batches):
+            model.eval()
+            return [model(**b).loss for b in batches]
+
+        def update(model, chunks, batches, opt, weight):
+            logits = chunk_logits(model, chunks)
+            objective = -(torch.cat(logits).log_softmax(-1).mean() * weight)
+            objective.backward()
+            torch.stack(chunk_losses(model, batches)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """
+    assert found(src) == []
+
+
+def test_returned_eval_outputs_without_backward_in_callers_still_reported():
+    src = """
+        import torch
+
+        def chunk_logits(model, chunks):
+            model.eval()
+            kept = []
+            for c in chunks:
+                kept.append(model(c).logits)
+            return kept
+
+        def chunk_losses(model, batches):
+            model.eval()
+            return [model(**b).loss for b in batches]
+
+        def report(model, chunks, batches):
+            logits = chunk_logits(model, chunks)
+            losses = chunk_losses(model, batches)
+            print(len(logits), torch.stack(losses).mean().item())
+    """
+    assert found(src) == [("BL501", 8), ("BL502", 8), ("BL502", 13)]

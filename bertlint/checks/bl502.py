@@ -125,6 +125,52 @@ def wrap_in_no_grad(ctx, loop, expr: str):
     return [Edit(content, Position(start.row, 1), Position(end.row + 1, 1))]
 
 
+def _returned(flow, scope, seeds: set[str], loop) -> bool:
+    """A value built from the loop's results (``seeds``) is returned by ``scope``."""
+    if scope is None or not seeds:
+        return False
+    names = flow.derived(seeds, scope, after=loop)
+    for r in flow.returns.get(scope, []):
+        if isinstance(r, cst.Return) and r.value is not None and names_in(r.value) & names:
+            return True
+    return False
+
+
+def _caller_backwards(flow, scope) -> bool:
+    """Some caller of ``scope`` in this file back-propagates (or passes on) what the call returns: the forwards were
+    made for a gradient, after all. Unknown callers (the function is also used as a callback) count as such."""
+    sites = flow.call_sites(scope)
+    if sites is None:
+        return True
+    for site in sites:
+        cs = flow.scope_of(site)
+        for c in flow.calls:
+            if flow.scope.get(c) is cs and flow.is_backward_call(c) and flow.inside(site, c):
+                return True  # compute(...).backward() / sum(compute(...)).backward()
+        stmt = flow.parent.get(site)
+        while stmt is not None and not isinstance(stmt, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            stmt = flow.parent.get(stmt)
+        targets: set[str] = set()
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        targets.update(target_names(t.target))
+                elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                    targets.update(target_names(small.target))
+                elif isinstance(small, cst.Return) and small.value is not None and flow.inside(site, small):
+                    return True  # handed on to callers further up: not followed
+        if not targets:
+            continue
+        names = flow.derived(targets, cs, after=stmt)
+        if names & flow.backward_names(cs):
+            return True
+        if cs is not None and any(isinstance(r, cst.Return) and r.value is not None and names_in(r.value) & names
+                                  for r in flow.returns.get(cs, [])):
+            return True
+    return False
+
+
 @rule(
     "BL502",
     "eval-without-no-grad",
@@ -180,6 +226,10 @@ def check(ctx) -> None:
         else:
             seeds = loop_accumulators(flow, loop)
         if bnames and flow.derived(seeds, scope, after=loop) & bnames:
+            continue
+        # results handed to the callers, one of which runs a backward on them (eval mode kept for dropout / BN)
+        leaves = (isinstance(loop, cst.SimpleStatementLine) and returned) or _returned(flow, scope, seeds, loop)
+        if leaves and _caller_backwards(flow, scope):
             continue
         fwd = fwds[0]
         fwd_text = ctx.module.code_for_node(fwd.func)
