@@ -397,3 +397,53 @@ def test_returned_eval_outputs_without_backward_in_callers_still_reported():
             print(len(logits), torch.stack(losses).mean().item())
     """
     assert found(src) == [("BL501", 8), ("BL502", 8), ("BL502", 13)]
+
+
+def test_teacher_eval_does_not_make_the_student_loop_an_evaluation():
+    src = """
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        from distil_utils import distill_loss, apply_update
+
+        teacher = AutoModelForSequenceClassification.from_pretrained("bert-large-uncased")
+        student = AutoModelForSequenceClassification.from_pretrained("bert-base-uncased")
+
+        def distill(loader, teacher_logits):
+            teacher.eval()
+            kept = []
+            for i, batch in enumerate(loader):
+                s_logits = student(**batch).logits
+                kept.append(distill_loss(s_logits, teacher_logits[i]))
+            return kept
+    """
+    assert found(src) == []
+
+
+def test_eval_of_the_same_model_through_an_alias_still_reported():
+    src = """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        def validate(net, loader, rank):
+            ddp_model = DDP(net, device_ids=[rank])
+            net.eval()
+            hits = 0
+            for x, y in loader:
+                hits += (ddp_model(x).argmax(-1) == y).sum().item()
+            return hits
+    """
+    assert found(src) == [("BL502", 10)]
+
+
+def test_loop_handing_the_optimizer_to_an_imported_helper_is_not_evaluation():
+    src = """
+        import torch
+        from train_utils import optimize
+
+        def finetune_with_frozen_bn(model, loader, optimizer):
+            model.eval()
+            for batch in loader:
+                loss = model(**batch).loss
+                optimize(loss, optimizer)
+    """
+    assert found(src) == []

@@ -103,6 +103,7 @@ _GRAPH_FUNCS = {
 _BUILTIN_GRAPH = {"sum"}  # builtins that return a tensor built from tensor elements
 
 _BACKWARD_CALLS = {"backward", "manual_backward"}
+_OPTIMIZER_TOKENS = {"opt", "optim", "optimizer", "optimiser", "optimizers", "scaler", "grad_scaler"}
 _TRAIN_STEP_RECEIVER = re.compile(r"(opt|optim|optimizer|scaler|engine|model_engine)", re.IGNORECASE)
 
 # methods run by frameworks under no_grad / inference_mode themselves
@@ -796,6 +797,21 @@ class EvalFlow:
                 return True
         return False
 
+    def passes_optimizer(self, node: cst.CSTNode) -> bool:
+        """``node`` hands an optimizer / grad scaler to a function this file does not define
+        (``optimize(loss, optimizer)``, ``utils.step(model, opt)``): it may well train there."""
+        for c in self.calls_in(node):
+            if not isinstance(c.func, (cst.Name, cst.Attribute)):
+                continue
+            if isinstance(c.func, cst.Name) and c.func.value in self.symbols.functions and \
+                    c.func.value not in self.symbols.imports:
+                continue  # ours: has_backward() looks inside
+            for a in c.args:
+                d = dotted(a.value)
+                if d and set(d.rsplit(".", 1)[-1].lower().split("_")) & _OPTIMIZER_TOKENS:
+                    return True
+        return False
+
     def _calls_training_function(self, c: cst.Call) -> bool:
         if isinstance(c.func, cst.Name):
             fns = [f for f in self.symbols.functions.get(c.func.value, []) if self.class_of(f) is None]
@@ -870,6 +886,19 @@ class EvalFlow:
         toks = set(t for t in re.split(r"_+", name) if t)
         return bool(toks & EVAL_TOKENS)
 
+    def _same_model(self, a: str, b: str, scope: Scope) -> bool:
+        """``a`` and ``b`` name the same module: equal, one an attribute of the other (``model.module``), or one
+        assigned from an expression naming the other (``ddp_model = DDP(model)``, ``net = model.to(d)``)."""
+        if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+            return True
+        for x, y in ((a, b), (b, a)):
+            assigns = self.symbols.assignments_of(x, scope) or [
+                s for s in self.symbols.assignments.get(x, []) if s.func is None]
+            for asg in assigns:
+                if any(n == y or n.startswith(y + ".") or y.startswith(n + ".") for n in _dotted_names(asg.value)):
+                    return True
+        return False
+
     def eval_mode_before(self, loop: cst.CSTNode, receivers: Iterable[str]) -> Optional[cst.Call]:
         """A ``X.eval()`` call before ``loop`` in its scope on one of ``receivers`` (or on a model) with no
         ``X.train()`` between it and the loop."""
@@ -891,6 +920,8 @@ class EvalFlow:
             r = dotted(c.func.value)
             if not r or not (r in recv or self.is_model_name(r, scope)):
                 continue
+            if recv and not any(self._same_model(r, x, scope) for x in recv):
+                continue  # `teacher.eval()` says nothing about a loop that runs `student(...)`
             # a later .train() on the same receiver before the loop cancels it
             cancelled = False
             for t in self.calls_by_final.get("train", []):
@@ -1121,6 +1152,23 @@ class EvalFlow:
 
 
 # ---------------------------------------------------------------------- helpers on top of EvalFlow used by rules
+def _dotted_names(node: cst.CSTNode) -> set[str]:
+    """Dotted names (``a``, ``a.b``) read in ``node``."""
+    out: set[str] = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Attribute(self, n: cst.Attribute) -> None:
+            d = dotted(n)
+            if d:
+                out.add(d)
+
+        def visit_Name(self, n: cst.Name) -> None:
+            out.add(n.value)
+
+    walk(node, V())
+    return out
+
+
 def forward_receiver(call: cst.Call) -> Optional[str]:
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value == "forward":

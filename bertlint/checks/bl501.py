@@ -23,7 +23,8 @@ from typing import Optional
 
 import libcst as cst
 
-from bertlint.analysis.evalflow import (ENABLED, eval_reason, final, names_in, target_names)
+from bertlint.analysis.evalflow import (ENABLED, eval_reason, final, forward_receiver, names_in,
+                                        target_names)
 from bertlint.analysis.symbols import dotted
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
@@ -274,9 +275,10 @@ def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
     if _backwarded(flow, acc, scope):
         return
     if training_cache[0] is None:
-        training_cache[0] = flow.has_backward(loop)
+        training_cache[0] = flow.has_backward(loop) or flow.passes_optimizer(loop)
     training = training_cache[0]
-    why = None if training else eval_reason(flow, loop, ())
+    recv = tuple(r for r in (forward_receiver(c) for c in flow.calls_in(loop) if flow.is_forward(c)) if r)
+    why = None if training else eval_reason(flow, loop, recv)
     if not training and why is None:
         # neither training nor evaluating: only when nothing in the scope trains
         node = scope if scope is not None else flow.module

@@ -197,7 +197,7 @@ def check(ctx) -> None:
             continue
         if any(flow.grad_state(c) != ENABLED for c in fwds):
             continue
-        if flow.has_backward(loop) or _uses_gradients(flow, loop):
+        if flow.has_backward(loop) or _uses_gradients(flow, loop) or flow.passes_optimizer(loop):
             continue
         receivers = {forward_receiver(c) or "" for c in fwds}
         if any(frozen(flow, r) for r in receivers if r):
