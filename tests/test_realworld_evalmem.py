@@ -447,3 +447,39 @@ def test_loop_handing_the_optimizer_to_an_imported_helper_is_not_evaluation():
                 optimize(loss, optimizer)
     """
     assert found(src) == []
+
+
+def test_frozen_model_outputs_carry_no_graph():
+    src = """
+        import torch
+        from transformers import AutoModel
+
+        text_encoder = AutoModel.from_pretrained("bert-base-uncased").eval().requires_grad_(False)
+        image_model = AutoModel.from_pretrained("openai/clip-vit-base-patch32").to("cuda")
+        image_model.requires_grad_(False)
+
+        def evaluate(loader):
+            kept, scores = [], []
+            for batch in loader:
+                kept.append(text_encoder(**batch).last_hidden_state[:, 0])
+                scores.append(image_model(**batch).logits_per_image)
+            return torch.cat(kept), scores
+    """
+    assert found(src) == []
+
+
+def test_module_level_grad_switch_off_covers_functions():
+    src = """
+        import torch
+
+        torch.autograd.set_grad_enabled(False)
+        model = torch.load("model.pt")
+
+        def evaluate(loader):
+            model.eval()
+            preds = []
+            for x in loader:
+                preds.append(model(x))
+            return preds
+    """
+    assert found(src) == []

@@ -486,8 +486,8 @@ class EvalFlow:
                     return UNKNOWN
                 if ENABLED in kinds:
                     return ENABLED
-                if self._toggles(cur):
-                    return UNKNOWN
+                if self._toggles(cur) or self._toggles(None):
+                    return UNKNOWN  # a switch in the function, or a module-level one (set at import time)
                 return self._callers_state(cur, depth)
             child, cur = cur, self.parent.get(cur)
         if self._toggles(None):
@@ -960,7 +960,8 @@ class EvalFlow:
         if isinstance(expr, cst.Call):
             func = expr.func
             if self.is_forward(expr):
-                return self.grad_state(expr) == ENABLED
+                recv = forward_receiver(expr)
+                return self.grad_state(expr) == ENABLED and not (recv and frozen(self, recv))
             if isinstance(func, cst.Attribute):
                 meth = func.attr.value
                 q = self.symbols.qualname(func)
@@ -1179,14 +1180,27 @@ def forward_receiver(call: cst.Call) -> Optional[str]:
 def frozen(flow: EvalFlow, receiver: str) -> bool:
     """``receiver`` is frozen in this file (``X.requires_grad_(False)`` or ``for p in X.parameters():
     p.requires_grad = False``): its forward records no graph even with grad on."""
+    memo = flow.__dict__.setdefault("_frozen_memo", {})
+    if receiver not in memo:
+        memo[receiver] = _frozen(flow, receiver)
+    return memo[receiver]
+
+
+def _frozen(flow: EvalFlow, receiver: str) -> bool:
     root = receiver
-    for c in flow.calls_by_final.get("requires_grad_", []):
-        if isinstance(c.func, cst.Attribute) and c.args and literal(c.args[0].value) is False:
+    # not calls_by_final: a chained `X.eval().requires_grad_(False)` has no dotted name
+    for c in flow.calls:
+        if isinstance(c.func, cst.Attribute) and c.func.attr.value == "requires_grad_" and c.args and \
+                literal(c.args[0].value) is False:
             r = dotted(c.func.value) or ""
             if r == root:
                 return True
             # model.eval().requires_grad_(False) / model.requires_grad_(False) chained
             if isinstance(c.func.value, cst.Call) and forward_receiver_chain(c.func.value) == root:
+                return True
+            # enc = AutoModel.from_pretrained(...).eval().requires_grad_(False): the module is returned
+            up = flow.parent.get(c)
+            if isinstance(up, cst.Assign) and any(dotted(t.target) == root for t in up.targets):
                 return True
     for loop in flow.loops:
         if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call):
