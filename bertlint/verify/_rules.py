@@ -197,9 +197,19 @@ def check_bl103(run: Run, d) -> tuple:
     return INCONCLUSIVE, f"each update sums {k} micro-batch gradients; loss scaled by {g(f, 3)} before backward"
 
 
+def _observed_window(run: Run) -> Optional[int]:
+    """The usual number of micro-batches per optimizer step, when the run shows one (> 1): the accumulation a
+    framework applied although no setting was recorded (Lightning's ``accumulate_grad_batches``)."""
+    sizes = [s for s in run.sizes() if s]
+    if len(sizes) < 2:
+        return None
+    k = Counter(sizes).most_common(1)[0][0]
+    return k if k > 1 else None
+
+
 def check_bl104(run: Run, d) -> tuple:
     f = run.factor
-    n = run.n if not run.factor_k else (run.r.get("accumulation") or run.static_n)
+    n = run.n if not run.factor_k else (run.r.get("accumulation") or run.static_n or _observed_window(run))
     if f is None:
         return INCONCLUSIVE, f"{run.ran_header()}: the scale between the loss and backward could not be read"
     if n and n > 1:

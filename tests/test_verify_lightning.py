@@ -1,0 +1,32 @@
+"""--verify on a real Lightning Trainer (CPU): automatic optimization with accumulate_grad_batches."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bertlint.api import lint_path  # noqa: E402
+from bertlint.verify import verify_script  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "verify" / "lightning_double_division.py"
+
+
+def test_lightning_double_division_is_confirmed_by_the_observed_loss_scale():
+    diags = [d for d in lint_path(str(SCRIPT)) if d.code == "BL104"]
+    assert [d.start.row for d in diags] == [24]
+    res = verify_script(str(SCRIPT), [], diags, timeout=240.0)
+    (d,) = [x for x in res.diagnostics if x.code == "BL104"]
+    assert d.verification.status == "confirmed", d.verification.evidence
+    # Lightning divides by 4 and the script divides by 4 again: 1/16 reaches backward
+    assert "0.0625" in d.verification.evidence and "1/4²" in d.verification.evidence
+    # the window is 4 micro-batches per optimizer step, as accumulate_grad_batches says
+    assert "optimizer steps" in res.report_text
+
+
+def test_lightning_fixed_twin_gets_no_runtime_finding():
+    res = verify_script(str(SCRIPT), ["--fixed"], [], timeout=240.0)
+    assert [d.code for d in res.diagnostics] == []
+    assert "0.25" in res.report_text  # Lightning's own 1/4 is the only division
