@@ -19,13 +19,12 @@ rules stay silent (``grad_state`` says "unknown", ``is_forward`` says False).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import re
 from typing import Iterable, Iterator, Optional, Union
 
 import libcst as cst
 
-from bertlint.analysis.walk import walk
+from bertlint.analysis.walk import children, walk
 
 from bertlint.analysis.symbols import SymbolTable, call_name, dotted, literal
 
@@ -162,49 +161,6 @@ def target_names(t: cst.BaseExpression) -> list[str]:
     return []
 
 
-_SKIP_FIELDS = {
-    "leading_lines", "lines_after_decorators", "lpar", "rpar", "comma", "semicolon", "header", "footer",
-    "trailing_whitespace", "equal", "colon", "dot", "asynchronous", "newline", "operator", "first_line",
-    "empty_lines", "default_newline", "star_tok", "arrow",
-}
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _child_fields(tp: type) -> tuple[str, ...]:
-    f = _FIELDS.get(tp)
-    if f is None:
-        f = tuple(x.name for x in dataclasses.fields(tp)
-                  if not x.name.startswith("whitespace") and x.name not in _SKIP_FIELDS)
-        _FIELDS[tp] = f
-    return f
-
-
-_IS_NODE: dict[type, bool] = {}
-
-
-def _is_node_type(tp: type) -> bool:
-    r = _IS_NODE.get(tp)
-    if r is None:
-        r = _IS_NODE[tp] = issubclass(tp, cst.CSTNode)
-    return r
-
-
-def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Syntactic children (no whitespace / comment / punctuation nodes), roughly in source order; decorators come
-    after the body in this order, which no rule compares."""
-    out: list[cst.CSTNode] = []
-    for name in _child_fields(type(node)):
-        v = getattr(node, name, None)
-        tv = type(v)
-        if tv is list or tv is tuple:
-            for x in v:
-                if _is_node_type(type(x)):
-                    out.append(x)
-        elif v is not None and _is_node_type(tv):
-            out.append(v)
-    return out
-
-
 _LOOP_T = (cst.For, cst.While)
 _ASSIGN_T = (cst.Assign, cst.AugAssign, cst.AnnAssign)
 _RET_T = (cst.Return, cst.Yield)
@@ -256,7 +212,7 @@ def _walk(flow: "EvalFlow", root: cst.Module) -> None:
             functions.append(node)
             inner = node
         stack.append((node, None, leave))
-        for k in reversed(_children(node)):
+        for k in reversed(children(node)):
             stack.append((k, node, inner))
 
 
