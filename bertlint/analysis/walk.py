@@ -34,6 +34,9 @@ _SKIP_FIELDS = frozenset(
         "rbrace",
         "first_line_whitespace",
         "value_whitespace",
+        # operator and keyword tokens (Add, In, Asynchronous, ...): read through ``node.operator``, never visited
+        "operator",
+        "asynchronous",
     }
 )
 
