@@ -616,8 +616,9 @@ def world_size_for_config(settings: Any, data: Any, accelerate_cfgs: list[Accele
 
 def deepspeed_version(ctx: Any = None, filename: Optional[str] = None, settings: Any = None
                       ) -> tuple[tuple[int, ...], str]:
-    """(version, source): ``ctx.versions`` when the versions analysis exists, else ``[tool.bertlint]``, else the
-    installed distribution (``importlib.metadata``), else 0.19.8 ("assumed")."""
+    """(version, source) of deepspeed: ``ctx.versions`` for a script, else the same resolution
+    (``bertlint.analysis.versions.resolve``: ``[tool.bertlint]``, pins near the file, installed, current release)
+    for a config file; 0.19.8 ("assumed") if that fails."""
     if ctx is not None:
         try:
             tv = ctx.versions.deepspeed  # FileContext (versions analysis)
@@ -632,29 +633,7 @@ def deepspeed_version(ctx: Any = None, filename: Optional[str] = None, settings:
         tv = _v.resolve(filename, settings, packages=("deepspeed",)).deepspeed
         return tuple(tv.version), tv.source
     except Exception:
-        pass
-    raw = (getattr(settings, "target_versions", None) or {}).get("deepspeed")
-    if raw:
-        v = _parse_version(str(raw))
-        if v:
-            return v, "[tool.bertlint] target-versions"
-    try:
-        from importlib import metadata
-
-        v = _parse_version(metadata.version("deepspeed"))
-        if v:
-            return v, "installed"
-    except Exception:
-        pass
-    return DS_ASSUMED_VERSION, "assumed current release"
-
-
-def _parse_version(text: str) -> Optional[tuple[int, ...]]:
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", text)
-    if not m:
-        return None
-    parts = tuple(int(p) for p in m.group(1).split("."))
-    return (parts + (0, 0, 0))[:3]
+        return DS_ASSUMED_VERSION, "assumed current release"
 
 
 def vtext(v: tuple[int, ...]) -> str:

@@ -16,28 +16,6 @@ from bertlint.types import Applicability, Edit, Position, Severity
 PLAIN_OWNERS = ("plain", "fabric", "accelerate-manual")
 
 
-def version(ctx, package: str) -> Optional[str]:
-    """Target version: ``[tool.bertlint] target-versions``, the shared ``ctx.versions`` when present, else the
-    installed distribution (read with importlib.metadata; never imported)."""
-    tv = getattr(ctx.settings, "target_versions", None) or {}
-    if package in tv:
-        return str(tv[package])
-    try:
-        vs = ctx.__dict__.get("versions")
-        if vs is not None:
-            v = vs.get(package) if hasattr(vs, "get") else None
-            if v is not None:
-                return str(getattr(v, "text", v))
-    except Exception:
-        pass
-    try:
-        from importlib import metadata
-
-        return metadata.version(package)
-    except Exception:
-        return None
-
-
 def fw(ctx, package: str, display: Optional[str] = None) -> str:
     """``accelerate 1.15.0 (installed)``: the framework and version a message assumes."""
     name = display or package
@@ -45,8 +23,7 @@ def fw(ctx, package: str, display: Optional[str] = None) -> str:
         tv = ctx.versions.get(package)
         return f"{name} {tv.text} [{tv.source}]"
     except Exception:
-        v = version(ctx, package)
-        return f"{name} {v}" if v else name
+        return name
 
 
 def sev(ev: Event, default: Severity = Severity.ERROR) -> Severity:
