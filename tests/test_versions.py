@@ -126,3 +126,49 @@ def test_an_edited_requirements_file_is_read_again(tmp_path):
     st = req.stat()
     os.utime(req, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert V.resolve(str(root / "t.py"), use_installed=False).transformers.text == "4.57.1"
+
+
+def test_setup_py_requirement_strings_count_as_pins(tmp_path):
+    root = _repo(tmp_path)
+    (root / "setup.py").write_text(
+        "from setuptools import setup\n# transformers==9.9 in a comment is not a pin\n"
+        "setup(name='x', install_requires=[\n    'torch>=2.1',\n    \"transformers==4.45.2\",\n])\n")
+    (root / "src").mkdir()
+    vs = _resolve(root / "src" / "train.py", use_installed=False)
+    assert (vs.transformers.text, vs.transformers.source) == ("4.45.2", "pinned in setup.py:5")
+    assert not vs.transformers.assumed
+
+
+def test_fallback_versions_say_so_and_never_make_an_error(tmp_path):
+    from bertlint.types import Severity
+
+    root = _repo(tmp_path)
+    vs = _resolve(root / "train.py")
+    tv = vs.transformers
+    assert tv.assumed and "no pin near the script" in tv.describe() and "installed beside bertlint" in tv.describe()
+    assert V.severity_for(Severity.ERROR, tv) == Severity.WARNING
+    assert V.severity_for(Severity.INFO, tv) == Severity.INFO
+    (root / "requirements.txt").write_text("transformers==4.46.3\n")
+    pinned = _resolve(root / "train.py").transformers
+    assert not pinned.assumed and V.severity_for(Severity.ERROR, pinned) == Severity.ERROR
+    current = _resolve(root / "other.py", use_installed=False).transformers
+    assert current.source == "pinned in requirements.txt:1"
+
+
+def test_removed_argument_without_pin_is_a_warning_that_names_the_assumption(tmp_path):
+    from bertlint.api import lint_path
+
+    root = _repo(tmp_path)
+    script = root / "train.py"
+    script.write_text(
+        "from transformers import TrainingArguments\n"
+        "args = TrainingArguments('out', evaluation_strategy='epoch')\n")
+    V.pins_near.cache_clear()
+    found = [d for d in lint_path(str(script)) if d.code == "BL407"]
+    assert len(found) == 1 and found[0].severity.value == "W"
+    assert "no pin near the script" in found[0].message
+    assert found[0].fix is not None and found[0].fix.applicability.value == "unsafe"
+    (root / "requirements.txt").write_text("transformers==4.57.1\n")
+    V.pins_near.cache_clear()
+    pinned = [d for d in lint_path(str(script)) if d.code == "BL407"]
+    assert len(pinned) == 1 and pinned[0].severity.value == "E" and "pinned in requirements.txt:1" in pinned[0].message

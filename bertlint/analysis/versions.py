@@ -4,7 +4,7 @@ Order of precedence, per package:
 
 1. ``[tool.bertlint] target-versions`` (``ctx.settings.target_versions``);
 2. a pin near the script: ``requirements*.txt``, ``pyproject.toml`` dependencies, ``setup.cfg`` ``install_requires``,
-   ``environment.yml`` — searched from the script's folder upward to the repository root (the nearest file that
+   ``setup.py`` requirement strings, ``environment.yml`` — searched from the script's folder upward to the repository root (the nearest file that
    names the package wins);
 3. the installed distribution (``importlib.metadata``; never an import of the package);
 4. the current release.
@@ -68,6 +68,19 @@ _KNOWN: dict[str, list[str]] = {
 
 _ROOT_MARKERS = (".git", ".hg")
 
+INSTALLED = "installed"
+ASSUMED = "assumed current release"
+
+
+def severity_for(severity, *tvs):
+    """A version-dependent finding's severity: an error (``Severity.ERROR`` or "E") that rests on a fallback
+    version (:attr:`TargetVersion.assumed`) becomes a warning; anything else is unchanged."""
+    if any(tv is not None and tv.assumed for tv in tvs) and str(getattr(severity, "value", severity)) == "E":
+        from bertlint.types import Severity
+
+        return Severity.WARNING
+    return severity
+
 
 def parse_version(text: str) -> Optional[tuple[int, ...]]:
     """``"4.46.0"`` -> (4, 46, 0); ``"5.0.0rc1"`` -> (5, 0, 0); ``"2.13.0+cpu"`` -> (2, 13, 0). None if unreadable."""
@@ -104,8 +117,20 @@ class TargetVersion:
     def between(self, lo: str, hi_exclusive: str) -> bool:
         return self.at_least(lo) and self.below(hi_exclusive)
 
+    @property
+    def assumed(self) -> bool:
+        """No ``target-versions`` and no pin near the script: the version is the one installed beside bertlint, or
+        bertlint's current release, not evidence about the script. Version-dependent findings resting on it say so
+        and are never errors (:func:`severity_for`)."""
+        return self.source in (INSTALLED, ASSUMED)
+
     def describe(self) -> str:
-        """``transformers 5.24.0 (pinned in requirements.txt:3)``."""
+        """``transformers 5.24.0 (pinned in requirements.txt:3)``; for a fallback version the text says that it is
+        bertlint's own environment, not the script's."""
+        if self.assumed:
+            what = "installed beside bertlint" if self.source == INSTALLED else "bertlint's current release"
+            return (f"{self.package} {self.text} ({what}: no pin near the script and no `[tool.bertlint] "
+                    f"target-versions`, so the version the script runs with is not known)")
         return f"{self.package} {self.text} ({self.source})"
 
     @property
@@ -289,7 +314,8 @@ def _scan_requirements(path: str, rel: str) -> dict[str, TargetVersion]:
 
 
 def _scan_quoted(path: str, rel: str) -> dict[str, TargetVersion]:
-    """pyproject.toml / setup.cfg: any quoted requirement string or ``name = "spec"`` (poetry) line."""
+    """pyproject.toml / setup.cfg / setup.py: any quoted requirement string or ``name = "spec"`` (poetry) line."""
+    is_setup_py = path.endswith("setup.py")
     out: dict[str, TargetVersion] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -299,7 +325,9 @@ def _scan_quoted(path: str, rel: str) -> dict[str, TargetVersion]:
     section = ""
     for i, line in enumerate(lines, 1):
         s = line.strip()
-        if s.startswith("["):
+        if is_setup_py and s.startswith("#"):
+            continue
+        if s.startswith("[") and not is_setup_py:
             section = s
             continue
         if "tool.bertlint" in section:
@@ -368,7 +396,7 @@ def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
         p = os.path.join(directory, n)
         if n.startswith("requirements") and n.endswith((".txt", ".in")) and os.path.isfile(p):
             merge(_scan_requirements(p, n))
-    for n in ("pyproject.toml", "setup.cfg"):
+    for n in ("pyproject.toml", "setup.cfg", "setup.py"):
         p = os.path.join(directory, n)
         if os.path.isfile(p):
             merge(_scan_quoted(p, n))
@@ -381,7 +409,7 @@ def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
 
 def _is_pin_file(name: str) -> bool:
     return (name.startswith("requirements") and name.endswith((".txt", ".in"))) or name in (
-        "pyproject.toml", "setup.cfg", "environment.yml", "environment.yaml")
+        "pyproject.toml", "setup.cfg", "setup.py", "environment.yml", "environment.yaml")
 
 
 def _chain(directory: str) -> list[str]:
@@ -447,7 +475,7 @@ def installed(package: str) -> Optional[TargetVersion]:
         except Exception:
             continue
         if v:
-            return TargetVersion(package, v, "installed")
+            return TargetVersion(package, v, INSTALLED)
     return None
 
 
@@ -476,7 +504,7 @@ def resolve(filename: Optional[str], settings=None, packages: Iterable[str] = PA
         if tv is None and use_installed:
             tv = installed(pkg)
         if tv is None:
-            tv = TargetVersion(pkg, parse_version(CURRENT.get(pkg, "0")) or (0,), "assumed current release")
+            tv = TargetVersion(pkg, parse_version(CURRENT.get(pkg, "0")) or (0,), ASSUMED)
         return tv
 
     return Versions(resolver=one, packages=tuple(packages))

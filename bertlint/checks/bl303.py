@@ -6,6 +6,7 @@ transformers ≥ 5.0 installs the input-grad hook itself for text models, so onl
 
 from __future__ import annotations
 
+from bertlint.analysis.versions import severity_for
 from bertlint.checks._trainer import checkpointing_sites
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -49,5 +50,6 @@ def check(ctx) -> None:
                 f"requires_grad=True. Gradients will be None` shows it. Fix: "
                 f"`gradient_checkpointing_kwargs={{\"use_reentrant\": False}}`, or call "
                 f"`model.enable_input_require_grads()` before training.",
+                severity=severity_for(Severity.ERROR, tv),
             )
             break

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from bertlint.checks._trainer import calls_super_compute_loss, param_names, reads_name
 from bertlint.analysis.symbols import code_of
+from bertlint.analysis.versions import severity_for
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -58,6 +59,7 @@ def check(ctx) -> None:
                     f"'num_items_in_batch'`. Fix: add `num_items_in_batch=None` to the signature (and use it to "
                     f"normalise a summed loss).",
                     fix=_insert_param_fix(ctx, fdef),
+                    severity=severity_for(Severity.ERROR, tv),
                 )
             continue
         # (b) the override computes its own mean loss and the Trainer will not divide it
@@ -87,6 +89,6 @@ def check(ctx) -> None:
                 f"gradients are {n}× too large. Fix: return `loss_sum / num_items_in_batch`, or set "
                 f"`loss_is_scaled_for_ga = False` on `{cname}` (≥ 5.19) / `trainer.model_accepts_loss_kwargs = "
                 f"False` so the Trainer divides by N.",
-                severity=Severity.ERROR,
+                severity=severity_for(Severity.ERROR, tv),
             )
             break

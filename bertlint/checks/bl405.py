@@ -14,6 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from bertlint.analysis.symbols import code_of, dotted
+from bertlint.analysis.versions import severity_for
 from bertlint.checks._trainer import calls_super_compute_loss, loss_ignores_num_items, model_phrase, reads_name
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
@@ -114,6 +115,7 @@ def check(ctx) -> None:
             ti.node,
             msg,
             fix=fix,
+            severity=severity_for(Severity.ERROR, tv),
             data={
                 "accumulation": n,
                 "transformers": tv.text,
@@ -160,6 +162,7 @@ def _check_loss_func(ctx, ti, n: int, args) -> None:
         f"`{third or 'num_items_in_batch'}`: with gradient_accumulation_steps={n} each optimizer step applies the "
         f"sum of {n} per-micro-batch losses, {n}× too large. Fix: return `loss_sum / num_items_in_batch` from "
         f"`{name}` (token-exact), or divide its result by the accumulation steps.",
+        severity=severity_for(Severity.ERROR, tv),
         data={"accumulation": n, "transformers": tv.text, "version_source": tv.source, "kind": "loss_func",
               "trainer_var": ti.var},
     )

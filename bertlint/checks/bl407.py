@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from bertlint.analysis.versions import severity_for
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -67,6 +68,9 @@ def check(ctx) -> None:
         return
     fs = ctx.setup
     tv = ctx.versions.transformers
+    sev = severity_for(Severity.ERROR, tv)
+    # the new name does not exist on the older releases a script without a pin may have been written for
+    fix_kind = Applicability.UNSAFE if tv.assumed else Applicability.SAFE
     for ta in fs.training_args:
         for name, s in ta.explicit.items():
             if name not in REMOVED:
@@ -78,22 +82,24 @@ def check(ctx) -> None:
             if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == name:
                 fix = None
                 if rename:
-                    fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)])
-                ctx.report(node, _message(ta.class_name, name, removed, repl, tv), fix=fix)
+                    fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)], fix_kind)
+                ctx.report(node, _message(ta.class_name, name, removed, repl, tv), fix=fix, severity=sev)
             elif isinstance(node, cst.Arg) and node.star == "**":
                 ctx.report(node, _message(ta.class_name, name, removed, repl, tv).replace(
-                    f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"))
+                    f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"), severity=sev)
             elif ta.source_file and node is not None:
                 ctx.report(
                     node,
                     f"`{name}` in {ta.source_file} was removed in transformers {removed}; on {tv.describe()} "
                     f"`HfArgumentParser` rejects the key. Fix: "
                     + (f"use {repl} instead." if repl else "remove it."),
+                    severity=sev,
                 )
     for ti in fs.trainers:
         for a in ti.node.args:
             if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
                 removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
                 if tv.at_least(removed):
-                    fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)])
-                    ctx.report(a, _message("Trainer", a.keyword.value, removed, repl, tv), fix=fix)
+                    fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
+                                  fix_kind)
+                    ctx.report(a, _message("Trainer", a.keyword.value, removed, repl, tv), fix=fix, severity=sev)
