@@ -337,3 +337,48 @@ def test_launcher_accumulation_for(tmp_path):
     d3.mkdir()
     (d3 / "accelerate_ddp.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
     assert cf.launcher_accumulation_for(_ctx(d3, "import accelerate\n")) == (None, "")
+
+
+# ------------------------------------------------------------------- which launcher config launches a script
+
+
+def test_several_launcher_configs_only_the_named_one_counts(tmp_path):
+    (tmp_path / "accelerate_ddp.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    (tmp_path / "accelerate_ds.yaml").write_text(
+        "distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  gradient_accumulation_steps: 4\n")
+    (tmp_path / "accelerate_ds2.yaml").write_text(
+        "distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  gradient_accumulation_steps: 4\n")
+    # the two DeepSpeed configs agree, but nothing says either launches this script
+    plain = _ctx(tmp_path, "import accelerate\n")
+    assert cf.accelerate_configs_for(plain) == []
+    assert cf.deepspeed_enabled_for(plain) == (None, "")
+    assert cf.launcher_accumulation_for(plain) == (None, "")
+    named = _ctx(tmp_path, "# accelerate launch --config_file accelerate_ds.yaml train.py\nimport accelerate\n")
+    assert [os.path.basename(c.path) for c in cf.accelerate_configs_for(named)] == ["accelerate_ds.yaml"]
+    assert cf.launcher_world_size(named) == (8, "num_processes in accelerate_ds.yaml")
+    assert cf.launcher_accumulation_for(named)[0] == 4
+
+
+def test_a_shell_script_that_launches_the_script_names_its_config(tmp_path):
+    (tmp_path / "accelerate_ddp.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    (tmp_path / "accelerate_ds.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 8\n")
+    (tmp_path / "run_other.sh").write_text("accelerate launch --config_file accelerate_ds.yaml other.py\n")
+    ctx = _ctx(tmp_path, "import accelerate\n")
+    assert cf.accelerate_configs_for(ctx) == []  # the shell script launches another script
+    (tmp_path / "run.sh").write_text("accelerate launch --config_file accelerate_ddp.yaml train.py --lr 1e-5\n")
+    ctx = _ctx(tmp_path, "import accelerate\n")
+    assert [os.path.basename(c.path) for c in cf.accelerate_configs_for(ctx)] == ["accelerate_ddp.yaml"]
+    assert cf.deepspeed_enabled_for(ctx)[0] is False
+
+
+def test_the_repository_single_launcher_config_counts_for_a_script_in_a_subfolder(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "accelerate_ds.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 4\n")
+    sub = tmp_path / "scripts"
+    sub.mkdir()
+    ctx = _ctx(sub, "import accelerate\n")
+    assert cf.launcher_world_size(ctx) == (4, "num_processes in accelerate_ds.yaml")
+    (tmp_path / "configs" / "accelerate_fsdp.yaml").write_text("distributed_type: FSDP\nnum_processes: 2\n")
+    ctx = _ctx(sub, "import accelerate\n")
+    assert cf.accelerate_configs_for(ctx) == []  # two at the root, none named: unknown

@@ -528,13 +528,87 @@ class AccelerateConfig:
 _ACC_NAME = re.compile(r"^(default_config|accelerate[\w.-]*)\.ya?ml$", re.IGNORECASE)
 
 
-def accelerate_configs_near(script_path: Optional[str]) -> list[AccelerateConfig]:
-    """accelerate launcher configs in the script's folder (``default_config.yaml``, ``accelerate*.yaml``) and
-    its ``configs/`` / ``config/`` subfolders. Never the user's home (``~/.cache/huggingface/accelerate``)."""
+def accelerate_configs_near(script_path: Optional[str], source: Optional[str] = None) -> list[AccelerateConfig]:
+    """The accelerate launcher configs (``default_config.yaml``, ``accelerate*.yaml``) that launch this script.
+
+    A launcher config beside several scripts is not every script's launch configuration, so one is used only when
+    it is the single launcher config of the script's folder (with its ``configs/`` / ``config/`` /
+    ``accelerate_configs/`` subfolders), or, when that folder has none, the single one of the repository root;
+    or when the script (``source``) or a shell script beside it that names the script names the config file.
+    Several configs that nothing names: none (the launch command decides). Never the user's home
+    (``~/.cache/huggingface/accelerate``)."""
     if not script_path or script_path in ("-", "<stdin>"):
         return []
     d = os.path.dirname(os.path.abspath(script_path))
-    return list(_acc_configs_in(d))
+    levels = [d]
+    root = _repo_root(d)
+    if root and root != d:
+        levels.append(root)
+    script = os.path.basename(script_path)
+    for level in levels:
+        cfgs = list(_acc_configs_in(level))
+        if not cfgs:
+            continue
+        named = [c for c in cfgs if _named_by(c, source, d, script)]
+        if named:
+            return named
+        if len(cfgs) == 1:
+            return cfgs
+        return []  # several launcher configs, none named by the script: unknown which one launches it
+    return []
+
+
+def _repo_root(d: str) -> Optional[str]:
+    cur = d
+    for _ in range(40):
+        if any(os.path.exists(os.path.join(cur, m)) for m in (".git", ".hg")):
+            return cur
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return None
+        cur = parent
+    return None
+
+
+def _named_by(cfg: AccelerateConfig, source: Optional[str], script_dir: str, script: str) -> bool:
+    """The script's text names the config file, or a shell script in the script's folder names both."""
+    name = os.path.basename(cfg.path or "")
+    if not name:
+        return False
+    if source and name in source:
+        return True
+    for text in _shell_texts(script_dir):
+        if name in text and script in text:
+            return True
+    return False
+
+
+def _shell_texts(d: str) -> list[str]:
+    out = []
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return out
+    for n in names:
+        if n.endswith((".sh", ".bash", ".slurm")):
+            p = os.path.join(d, n)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            out.append(_read_small(p, st.st_mtime, st.st_size))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _read_small(path: str, mtime: float, size: int) -> str:
+    if size > 200_000:
+        return ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _acc_configs_in(d: str) -> tuple[AccelerateConfig, ...]:
@@ -929,11 +1003,11 @@ def is_static_expr(ctx, expr, func, depth: int = 0) -> bool:
 
 
 def accelerate_configs_for(ctx: Any) -> list[AccelerateConfig]:
-    """The accelerate launcher configs beside the script (cached)."""
+    """The accelerate launcher configs that launch the script (``accelerate_configs_near``; cached)."""
     got = getattr(ctx, "_cf_acc", None)
     if got is None:
         try:
-            got = accelerate_configs_near(getattr(ctx, "filename", None))
+            got = accelerate_configs_near(getattr(ctx, "filename", None), getattr(ctx, "source", None))
         except Exception:
             got = []
         try:
