@@ -100,6 +100,7 @@ class Options:
         self.verify_timeout = 300.0
         self.report_dir: Optional[str] = None
         self.script_args: list[str] = []
+        self.no_cache = False
 
 
 _FLAGS = {
@@ -112,6 +113,7 @@ _FLAGS = {
     "--quiet": "quiet",
     "-q": "quiet",
     "--verify": "verify",
+    "--no-cache": "no_cache",
 }
 _VALUED = {
     "--select",

@@ -246,7 +246,8 @@ def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None)
         if cell in blank or cell < 1:
             module = None
             break
-        if cell not in raw and any(a != b for a, b in zip(nb.cells[cell - 1], cell_to_python(nb.cells[cell - 1]))):
+        lines = nb.lines_of(cell) or []
+        if cell not in raw and any(a != b for a, b in zip(lines, cell_to_python(lines))):
             # maybe a neutralised "magic" was Python after all (`% b` continuing an expression): retry as is
             raw.add(cell)
             first_error[cell] = (msg, crow, col)

@@ -188,27 +188,31 @@ def apply_notebook_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bo
 
     try:
         nb = json.loads(text)
-        cells = [c for c in nb["cells"] if isinstance(c, dict) and c.get("cell_type") == "code"]
+        # cell numbers count every cell (as Jupyter shows them); fixes go to code cells only
+        numbers = [i + 1 for i, c in enumerate(nb["cells"]) if isinstance(c, dict) and c.get("cell_type") == "code"]
+        cells = [nb["cells"][n - 1] for n in numbers]
     except Exception:
         return FixResult(text, [], [(d, f"{d.code}: the notebook could not be read") for d in diagnostics if wanted(d, unsafe)])
     from bertlint.sources import _cell_lines
 
+    position = {n: k for k, n in enumerate(numbers)}  # cell number -> index into ``cells``
     sources = ["".join(_cell_lines(c)) for c in cells]
     by_cell: dict[int, list[Diagnostic]] = {}
     failed: list[tuple[Diagnostic, str]] = []
     for d in diagnostics:
         if wanted(d, unsafe):
-            if d.cell is None or not 1 <= d.cell <= len(cells):
+            if d.cell is None or d.cell not in position:
                 failed.append((d, f"{d.code}: the fix is not inside one code cell"))
             else:
-                by_cell.setdefault(d.cell, []).append(d)
+                by_cell.setdefault(position[d.cell], []).append(d)
     applied: list[Diagnostic] = []
 
     def joined_error(srcs: list[str]) -> Optional[str]:
         lines = [s.splitlines(keepends=True) for s in srcs]
         return python_parse_error(join_cells(lines, list(range(len(lines))), {}).source)
 
-    for n, ds in sorted(by_cell.items()):
+    for k, ds in sorted(by_cell.items()):
+        n = k + 1  # index into ``sources`` + 1
         src = sources[n - 1]
         lines = src.splitlines(keepends=True)
         py = cell_to_python(lines)

@@ -124,7 +124,7 @@ def _lines_for(d: Diagnostic, sources: dict, cache: dict) -> Optional[list[str]]
                 from bertlint.sources import read_notebook
 
                 nb = read_notebook(text)
-                lines = nb.cells[d.cell - 1] if 1 <= d.cell <= len(nb.cells) else None
+                lines = nb.lines_of(d.cell)
             except Exception:
                 lines = None
         else:
@@ -155,15 +155,49 @@ def _gh_prop(s: str) -> str:
     return _gh_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
-def github(diags: list[Diagnostic], **_) -> str:
+class _FileRegions:
+    """Regions in the file as stored: for a notebook, a cell-relative position becomes the line and column of
+    the ``.ipynb`` JSON text (what GitHub and SARIF viewers show); other files keep their positions."""
+
+    def __init__(self, sources: Optional[dict[str, Optional[str]]]) -> None:
+        self.sources = sources or {}
+        self.maps: dict = {}
+
+    def region(self, d: Diagnostic) -> Optional[tuple[int, int, int, int]]:
+        """(start line, start column, end line, end column); None when a notebook's text is not at hand."""
+        if d.cell is None:
+            return d.start.row, d.start.column, d.end.row, d.end.column
+        m = self.maps.get(d.filename)
+        if m is None:
+            text = self.sources.get(d.filename)
+            if text is None:
+                return None
+            from bertlint.sources import NotebookJsonMap
+
+            m = self.maps[d.filename] = NotebookJsonMap(text)
+        s = m.locate(d.cell, d.start.row, d.start.column)
+        if s is None:
+            return None
+        e = m.locate(d.cell, d.end.row, d.end.column) or s
+        if e < s:
+            e = s
+        return s[0], s[1], e[0], e[1]
+
+
+def _cell_where(d: Diagnostic) -> str:
+    return f"cell {d.cell}, line {d.start.row}, column {d.start.column}: " if d.cell is not None else ""
+
+
+def github(diags: list[Diagnostic], *, sources: Optional[dict[str, Optional[str]]] = None, **_) -> str:
     level = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+    regions = _FileRegions(sources)
     out = []
     for d in diags:
-        where = f"cell {d.cell}, " if d.cell is not None else ""
-        props = (
-            f"title={_gh_prop(f'bertlint ({d.code})')},file={_gh_prop(d.filename)},line={d.start.row},"
-            f"col={d.start.column},endLine={d.end.row},endColumn={d.end.column}"
-        )
+        where = _cell_where(d)
+        reg = regions.region(d)
+        props = f"title={_gh_prop(f'bertlint ({d.code})')},file={_gh_prop(d.filename)}"
+        if reg is not None:
+            props += f",line={reg[0]},col={reg[1]},endLine={reg[2]},endColumn={reg[3]}"
         out.append(f"::{level[d.severity]} {props}::{_gh_data(f'{where}{d.code} {d.name}: {d.message}')}")
     return "\n".join(out) + ("\n" if out else "")
 
@@ -218,7 +252,13 @@ def _region(start, end) -> dict:
     return {"startLine": start.row, "startColumn": start.column, "endLine": end.row, "endColumn": end.column}
 
 
-def sarif(diags: list[Diagnostic], *, rules: Optional[list] = None, **_) -> str:
+def sarif(
+    diags: list[Diagnostic],
+    *,
+    rules: Optional[list] = None,
+    sources: Optional[dict[str, Optional[str]]] = None,
+    **_,
+) -> str:
     from bertlint import __version__
 
     level = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
@@ -248,19 +288,24 @@ def sarif(diags: list[Diagnostic], *, rules: Optional[list] = None, **_) -> str:
             }
         )
     results = []
+    regions = _FileRegions(sources)
     for d in diags:
         uri = _uri(d.filename)
-        loc: dict = {"physicalLocation": {"artifactLocation": {"uri": uri}, "region": _region(d.start, d.end)}}
-        if d.cell is not None:
-            loc["properties"] = {"cell": d.cell}
+        phys: dict = {"artifactLocation": {"uri": uri}}
+        reg = regions.region(d)
+        if reg is not None:
+            phys["region"] = {"startLine": reg[0], "startColumn": reg[1], "endLine": reg[2], "endColumn": reg[3]}
+        loc: dict = {"physicalLocation": phys}
+        if d.cell is not None:  # the region is in the .ipynb JSON text; the cell-relative position is kept here
+            loc["properties"] = {"cell": d.cell, "cellRegion": _region(d.start, d.end)}
         r: dict = {
             "ruleId": d.code,
             "ruleIndex": index[d.code],
             "level": level[d.severity],
-            "message": {"text": d.message},
+            "message": {"text": _cell_where(d) + d.message},
             "locations": [loc],
         }
-        if d.fix is not None:
+        if d.fix is not None and d.cell is None:  # a notebook's edits are cell-relative: no JSON-text replacement
             r["fixes"] = [
                 {
                     "description": {"text": f"{d.fix.message} ({d.fix.applicability.value})"},

@@ -122,8 +122,11 @@ def encode(text: str, encoding: str) -> bytes:
 
 @dataclass
 class NotebookSource:
-    """Code cells joined into one module. ``rows[i]`` = (cell number (1-based, code cells only), row in cell)
-    for combined row i + 1."""
+    """Code cells joined into one module. ``rows[i]`` = (cell number, row in cell) for combined row i + 1.
+
+    Cell numbers are the ones Jupyter shows: every cell (markdown and raw ones too) counts, from 1; ``cells``
+    holds the code cells only, in order, and ``cell_index[k]`` is the position of ``cells[k]`` in nb["cells"]
+    (so code cell ``cells[k]`` is cell number ``cell_index[k] + 1``)."""
 
     source: str
     rows: list[tuple[int, int]]
@@ -146,6 +149,13 @@ class NotebookSource:
             if c == cell:
                 return i + 1
         return len(self.rows) + 1
+
+    def lines_of(self, cell: int) -> Optional[list[str]]:
+        """The original lines of the code cell numbered ``cell`` (None: no such code cell)."""
+        try:
+            return self.cells[self.cell_index.index(cell - 1)]
+        except ValueError:
+            return None
 
 
 # Cell magics whose body is Python; any other %% magic (bash, html, writefile ...) makes the cell non-Python.
@@ -230,18 +240,130 @@ def read_notebook(text: str) -> NotebookSource:
 def join_cells(
     cells: list[list[str]], index: list[int], nb: dict, blank: frozenset = frozenset(), raw: frozenset = frozenset()
 ) -> NotebookSource:
-    """Join code cells; cells in ``blank`` become empty lines (syntax errors), cells in ``raw`` are taken as
-    they are (a line such as ``% b`` continuing an expression is Python, not a magic)."""
+    """Join code cells (``index[k]``: the position of ``cells[k]`` among all the notebook's cells; the cell's
+    number is ``index[k] + 1``); cells whose number is in ``blank`` become empty lines (syntax errors), cells in
+    ``raw`` are taken as they are (a line such as ``% b`` continuing an expression is Python, not a magic)."""
     parts: list[str] = []
     rows: list[tuple[int, int]] = []
-    for n, lines in enumerate(cells, start=1):
+    for k, lines in enumerate(cells):
+        n = index[k] + 1 if k < len(index) else k + 1
         py = ["\n" for _ in lines] if n in blank else list(lines) if n in raw else cell_to_python(lines)
         for r, line in enumerate(py, start=1):
             if not line.endswith("\n"):
                 line += "\n"
             parts.append(line)
             rows.append((n, r))
-    return NotebookSource("".join(parts), rows, cells, index, nb)
+    return NotebookSource("".join(parts), rows, cells, list(index), nb)
+
+
+class NotebookJsonMap:
+    """Where a cell-relative position lies in the notebook's own JSON text (what GitHub, SARIF viewers and an
+    editor that opens the ``.ipynb`` as text show). Exact: each cell's ``source`` string(s) are located by a
+    JSON scan and their escapes (``\\n``, ``\\"``, ``\\uXXXX``, surrogate pairs) are counted character by character.
+
+        m = NotebookJsonMap(text)
+        m.locate(cell, row, column) -> (line, column) in the JSON text (1-based, code points), or None
+    """
+
+    def __init__(self, text: str) -> None:
+        import json
+
+        self.text = text
+        self.cells: dict[int, list[tuple[int, str]]] = {}  # cell number -> [(offset of the opening quote, str)]
+        self._starts: Optional[list[int]] = None
+        self._lines: dict[int, tuple[str, list[int], list[tuple[int, int]]]] = {}
+        try:
+            nb = json.loads(text)
+        except (ValueError, RecursionError):
+            return
+        cells = nb.get("cells") if isinstance(nb, dict) else None
+        if not isinstance(cells, list):
+            return
+        values: dict = {}
+
+        def want(path: tuple) -> bool:
+            return len(path) >= 3 and path[0] == "cells" and path[2] == "source" and len(path) <= 4
+
+        try:
+            _json_positions(text, {}, values, want)
+        except Exception:  # a JSON text json.loads accepts but the scan does not follow: no positions
+            return
+        for i, cell in enumerate(cells):
+            src = cell.get("source") if isinstance(cell, dict) else None
+            if isinstance(src, str) and ("cells", i, "source") in values:
+                self.cells[i + 1] = [(values[("cells", i, "source")], src)]
+            elif isinstance(src, list):
+                segs = [(values[("cells", i, "source", j)], t) for j, t in enumerate(src) if isinstance(t, str)]
+                self.cells[i + 1] = [(o, t) for o, t in segs if text[o : o + 1] == '"']
+
+    def _cell(self, cell: int):
+        hit = self._lines.get(cell)
+        if hit is None:
+            segs = self.cells.get(cell) or []
+            joined = "".join(t for _, t in segs)
+            line_starts = [0]
+            for ln in joined.splitlines(keepends=True):  # the rows of ``_cell_lines``
+                line_starts.append(line_starts[-1] + len(ln))
+            bounds = []
+            acc = 0
+            for o, t in segs:
+                bounds.append((acc, o))
+                acc += len(t)
+            hit = self._lines[cell] = (joined, line_starts, bounds)
+        return hit
+
+    def offset(self, cell: int, row: int, column: int) -> Optional[int]:
+        """Offset in the JSON text of the character at (row, column) of ``cell`` (1-based)."""
+        if cell not in self.cells:
+            return None
+        joined, line_starts, bounds = self._cell(cell)
+        if not bounds:
+            return None
+        if row < 1:
+            row, column = 1, 1
+        if row > len(line_starts) - 1:  # past the last line: the end of the cell
+            k = len(joined)
+        else:
+            line_len = line_starts[row] - line_starts[row - 1]
+            k = line_starts[row - 1] + min(max(column, 1) - 1, line_len)
+        from bisect import bisect_right
+
+        seg = max(bisect_right([b for b, _ in bounds], k) - 1, 0)
+        base, quote = bounds[seg]
+        return _json_string_offset(self.text, quote, k - base)
+
+    def locate(self, cell: int, row: int, column: int) -> Optional[tuple[int, int]]:
+        off = self.offset(cell, row, column)
+        if off is None:
+            return None
+        if self._starts is None:
+            self._starts = [0] + [m.end() for m in re.finditer("\n", self.text)]
+        from bisect import bisect_right
+
+        line = bisect_right(self._starts, off)
+        return line, off - self._starts[line - 1] + 1
+
+
+def _json_string_offset(text: str, quote: int, k: int) -> int:
+    """Offset of the ``k``-th decoded character of the JSON string whose opening quote is at ``quote`` (``k`` = its
+    length: the closing quote)."""
+    i = quote + 1
+    n = 0
+    end = len(text)
+    while n < k and i < end:
+        c = text[i]
+        if c == '"':
+            break
+        if c == "\\":
+            if text[i + 1 : i + 2] == "u":
+                cp = int(text[i + 2 : i + 6], 16)
+                i += 12 if 0xD800 <= cp < 0xDC00 and text[i + 6 : i + 8] == "\\u" else 6
+            else:
+                i += 2
+        else:
+            i += 1
+        n += 1
+    return i
 
 
 # ---------------------------------------------------------------------------------------------- discovery
@@ -422,7 +544,9 @@ _JSON_WS = re.compile(r"[ \t\n\r]*")
 _JSON_ATOM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|NaN|-?Infinity")
 
 
-def _json_positions(text: str, out: dict) -> None:
+def _json_positions(text: str, out: dict, values: Optional[dict] = None, want=None) -> None:
+    """Fill ``out`` with {path: (row, col)} of every key and list item; with ``values``, also {path: offset of
+    the value's first character} for the paths ``want(path)`` accepts."""
     from bisect import bisect_right
     from json.decoder import scanstring
 
@@ -439,6 +563,8 @@ def _json_positions(text: str, out: dict) -> None:
         if depth > 200:
             raise ValueError("too deep")
         i = ws(i)
+        if values is not None and want(path):
+            values[path] = i
         c = text[i]
         if c == "{":
             i = ws(i + 1)

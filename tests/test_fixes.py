@@ -183,7 +183,7 @@ def test_notebook_fixes_are_applied_per_cell(demo_rule, tmp_path, capsys):
     p = tmp_path / "nb.ipynb"
     p.write_text(json.dumps(nb))
     diags = lint_text(p.read_text(), str(p), S)
-    assert [(d.cell, d.start.row, d.start.column) for d in diags] == [(2, 2, 1)]
+    assert [(d.cell, d.start.row, d.start.column) for d in diags] == [(3, 2, 1)]  # the markdown cell is cell 2
     assert diags[0].fix.edits[0].start == Position(2, 1)
     assert main(["--select", "BL999", "--fix", str(p)]) == 0
     fixed = json.loads(p.read_text())

@@ -10,6 +10,7 @@ import pytest
 
 from bertlint import api
 from bertlint.lsp import convert
+from bertlint.sources import NotebookJsonMap
 
 BUGGY = textwrap.dedent(
     """\
@@ -93,13 +94,15 @@ def test_ipynb_rows_skip_markdown_and_follow_code_cells():
         "nbformat_minor": 5,
     }
     text = json.dumps(nb, indent=1)
-    rows = convert.ipynb_source_rows(text)
+    rows = NotebookJsonMap(text)  # the map the server uses for an .ipynb opened as JSON (cells as Jupyter counts)
     lines = text.splitlines()
-    line, col = rows[(1, 2)]
-    assert lines[line][col:].startswith("x = 1")
-    line, col = rows[(2, 1)]
-    assert lines[line][col:].startswith("loss.backward()\\noptimizer")  # one JSON string holds both lines
-    assert convert.ipynb_source_rows("{not json") == {}
+    line, col = rows.locate(2, 2, 1)
+    assert lines[line - 1][col - 1 :].startswith("x = 1")
+    line, col = rows.locate(3, 1, 1)
+    assert lines[line - 1][col - 1 :].startswith("loss.backward()\\noptimizer")  # one JSON string holds both lines
+    line, col = rows.locate(3, 2, 1)
+    assert lines[line - 1][col - 1 :].startswith("optimizer.step()")
+    assert NotebookJsonMap("{not json").locate(1, 1, 1) is None
 
 
 def test_notebook_json_round_trips_through_the_library():

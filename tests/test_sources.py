@@ -107,8 +107,10 @@ def test_notebook_cells_are_joined_with_a_row_map():
     text = nb(("markdown", "# title"), ("code", "import torch\n!nvidia-smi"), ("code", ["x = 1\n", "y = 2"]))
     n = read_notebook(text)
     assert n.source == "import torch\npass\nx = 1\ny = 2\n"
-    assert n.rows == [(1, 1), (1, 2), (2, 1), (2, 2)]
-    assert n.map_row(4) == (2, 2)
+    # cells are numbered as Jupyter shows them: the markdown cell is cell 1
+    assert n.rows == [(2, 1), (2, 2), (3, 1), (3, 2)]
+    assert n.map_row(4) == (3, 2)
+    assert n.lines_of(3) == ["x = 1\n", "y = 2"] and n.lines_of(1) is None
 
 
 def test_notebook_syntax_error_is_reported_by_cell_and_the_rest_still_parsed():

@@ -36,6 +36,7 @@ from pygls.workspace import TextDocument
 
 from bertlint import __version__
 from bertlint.lsp import DEFAULT_DEBOUNCE_MS, convert
+from bertlint.sources import NotebookJsonMap
 from bertlint.types import Applicability, Diagnostic, Position, Severity
 
 logger = logging.getLogger("bertlint.lsp")
@@ -303,16 +304,13 @@ class BertlintServer(LanguageServer):
         codec = self.workspace.position_codec
         if rows is None:
             rng = _lsp_range(lines, codec, d.start, d.end)
-        else:  # a notebook read as JSON: the cell's rows map to lines of the JSON text
-            s = rows.get((d.cell, d.start.row))
-            e = rows.get((d.cell, d.end.row), s)
+        else:  # a notebook read as JSON: cell positions map to lines and columns of the JSON text
+            s = rows.locate(d.cell, d.start.row, d.start.column)
+            e = rows.locate(d.cell, d.end.row, d.end.column) or s
             if s is None:
                 rng = types.Range(types.Position(0, 0), types.Position(0, 0))
             else:
-                rng = types.Range(
-                    start=types.Position(line=s[0], character=s[1] + d.start.column - 1),
-                    end=types.Position(line=e[0], character=e[1] + d.end.column - 1),
-                )
+                rng = _lsp_range(lines, codec, Position(*s), Position(*e))  # type: ignore[misc]
         page = convert.page_path(d.code)
         data: dict[str, Any] = {"name": d.name}
         if d.fix is not None:
@@ -378,7 +376,7 @@ class BertlintServer(LanguageServer):
         if current is None or current.version != version:
             return None  # closed or changed meanwhile: the newer change is linted on its own
         if filename.endswith(".ipynb"):
-            rows = convert.ipynb_source_rows(text)
+            rows = NotebookJsonMap(text)
             lines = convert.split_lines(text)
             items = [(d, self.to_lsp(d, lines, rows=rows if d.cell is not None else None)) for d in outcome.diagnostics]
             res = Linted(uri, version, text, items, fixable=False)

@@ -1,0 +1,144 @@
+"""Where users meet bertlint (issue 13): notebook locations in SARIF / GitHub output, Jupyter's cell numbers,
+SARIF rule help, fix counts and statistics, robust inputs and outputs, ruff's habits, the cache, the fixed-point
+--fix loop."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import libcst as cst
+import pytest
+
+from bertlint import registry
+from bertlint.analysis.symbols import call_name
+from bertlint.cli import main
+from bertlint.config import clear_caches
+from bertlint.types import Applicability, Severity
+
+
+class _Calls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def visit_Call(self, node) -> None:
+        self.calls.append(node)
+
+
+def _calls(ctx, name):
+    v = _Calls()
+    ctx.module.visit(v)
+    return [c for c in v.calls if call_name(c) == name]
+
+
+def _check(ctx) -> None:  # safe fix: old_api() -> new_api()
+    for c in _calls(ctx, "old_api"):
+        ctx.report(c, "old_api() is gone", fix=ctx.fix("Use new_api()", [ctx.edit_replace(c.func, "new_api")]))
+
+
+def _check_unsafe(ctx) -> None:  # unsafe fix: risky() -> safer()
+    for c in _calls(ctx, "risky"):
+        ctx.report(
+            c,
+            "risky() may change behaviour",
+            fix=ctx.fix("Use safer()", [ctx.edit_replace(c.func, "safer")], applicability=Applicability.UNSAFE),
+        )
+
+
+@pytest.fixture(autouse=True)
+def demo_rules(monkeypatch):
+    registry.all_rules()
+    registry.rule("BL999", "demo-rule", Severity.WARNING, "demo", fix=Applicability.SAFE)(_check)
+    registry.rule("BL997", "demo-unsafe", Severity.ERROR, "demo unsafe", fix=Applicability.UNSAFE)(_check_unsafe)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    clear_caches()
+    yield
+    registry._RULES.pop("BL999", None)
+    registry._RULES.pop("BL997", None)
+    clear_caches()
+
+
+SEL = ["--select", "BL999,BL997,BL001", "--no-cache"]
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _nb(*cells) -> dict:
+    out = []
+    for kind, src in cells:
+        c = {"cell_type": kind, "metadata": {}, "source": src}
+        if kind == "code":
+            c.update(outputs=[], execution_count=None)
+        out.append(c)
+    return {"cells": out, "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+NB = _nb(
+    ("markdown", ["# Training\n", "Call old_api() here.\n"]),
+    ("code", ["import torch\n", "x = 1\n"]),
+    ("code", ["y = 2\n", "z = (y,\n", "     old_api())\n"]),
+)
+
+
+# ------------------------------------------------------------------------ 1. notebook locations on GitHub
+
+
+def test_sarif_and_github_point_at_the_ipynb_json_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = json.dumps(NB, indent=1)
+    (tmp_path / "nb.ipynb").write_text(text)
+    lines = text.splitlines()
+    want_line = next(i for i, ln in enumerate(lines, 1) if '"     old_api())' in ln)
+    want_col = lines[want_line - 1].index("old_api") + 1
+
+    rc, out, _ = run(capsys, *SEL, "--output-format", "sarif", "nb.ipynb")
+    res = json.loads(out)["runs"][0]["results"][0]
+    region = res["locations"][0]["physicalLocation"]["region"]
+    assert (region["startLine"], region["startColumn"]) == (want_line, want_col)
+    assert lines[region["endLine"] - 1][region["startColumn"] - 1 : region["endColumn"] - 1] == "old_api()"
+    assert res["locations"][0]["properties"]["cell"] == 3
+    assert res["locations"][0]["properties"]["cellRegion"]["startLine"] == 3  # cell-relative, kept aside
+    assert res["message"]["text"].startswith("cell 3, line 3, column 6: ")
+
+    rc, out, _ = run(capsys, *SEL, "--output-format", "github", "nb.ipynb")
+    assert f",line={want_line},col={want_col}," in out and "::cell 3, line 3, column 6: BL999" in out
+
+    # the human formats keep cell-relative positions
+    rc, out, _ = run(capsys, *SEL, "--output-format", "concise", "nb.ipynb")
+    assert out.startswith("nb.ipynb:cell 3:3:6: BL999")
+
+
+def test_json_positions_follow_escapes_and_string_sources(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    nb = _nb(("code", 'import torch\ns = "tab\\t\\"q\\" é"; old_api()\n'))
+    for ascii_only in (True, False):
+        text = json.dumps(nb, indent=2, ensure_ascii=ascii_only)
+        (tmp_path / "nb.ipynb").write_text(text)
+        rc, out, _ = run(capsys, *SEL, "--output-format", "sarif", "nb.ipynb")
+        region = json.loads(out)["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["region"]
+        line = text.splitlines()[region["startLine"] - 1]
+        assert line[region["startColumn"] - 1 :].startswith("old_api()")
+
+
+# ------------------------------------------------------------------------------- 2. Jupyter's cell numbers
+
+
+def test_cells_are_numbered_as_jupyter_shows_them(tmp_path, capsys):
+    p = tmp_path / "nb.ipynb"
+    p.write_text(json.dumps(NB))
+    rc, out, _ = run(capsys, *SEL, "--output-format", "concise", str(p))
+    assert rc == 1 and f"{p}:cell 3:3:6: BL999" in out  # the markdown cell is cell 1
+    rc, out, _ = run(capsys, *SEL, "--output-format", "json", str(p))
+    assert json.loads(out)[0]["cell"] == 3
+    rc, out, _ = run(capsys, *SEL, "--fix", str(p))
+    assert json.loads(p.read_text())["cells"][2]["source"][2] == "     new_api())\n"
+    assert json.loads(p.read_text())["cells"][0]["source"][1] == "Call old_api() here.\n"  # markdown untouched
+    # a syntax error is reported in its cell's number too
+    p.write_text(json.dumps(_nb(("raw", "x"), ("markdown", "m"), ("code", "import torch\ndef f(:\n"))))
+    rc, out, _ = run(capsys, *SEL, "--output-format", "concise", str(p))
+    assert f"{p}:cell 3:2:" in out and "BL001" in out
