@@ -1,0 +1,600 @@
+"""The micro-batch trace of one training loop, and the loop rules as invariants over it.
+
+One data model for both sides of bertlint:
+
+- the linter's dry run (``bertlint/analysis/dryrun.py``) executes a loop's body abstractly over a few epochs of
+  micro-batches and records what it would do;
+- the runtime verifier (``bertlint/verify``) records what the script really did, into the same model.
+
+Both then run the same invariants (:data:`INVARIANTS`), so each rule has one definition. This module is plain
+Python: no libcst, no torch.
+
+A :class:`Trace` is an ordered list of :class:`Event` s. Each event knows the micro-batch it happened in (``mb``,
+0-based, ``-1`` before the first), its epoch, its source line, and for a backward the loss scale as a symbolic
+product (:class:`Scale`: ``1/N``, ``1/N²``, ``× scaler scale``). A step records whether it *takes effect* (a
+prepared optimizer off the sync step, or a DeepSpeed engine off its boundary, is called but does nothing).
+
+Event kinds (:data:`KINDS`)::
+
+    forward      a model forward whose loss reaches a backward
+    backward     scale=Scale; scaled=True when it ran through ``scaler.scale(loss)``
+    zero_grad    target="optimizer"|"model" (``of`` tells which), effective
+    unscale      scaler.unscale_(opt)
+    clip         scaled=True|False|None (on scaled / unscaled gradients)
+    rescale      gradients multiplied / divided in place (``p.grad /= N``), factor in ``scale``
+    step         opt=..., effective=True|False|None, why=... ; via="scaler" for scaler.step(opt)
+    update       scaler.update()
+    sched_step   scheduler.step(), effective
+    no_sync      entering a no_sync()/accumulate() non-sync region (info)
+    counter      a hand counter changed (name in ``target``, value in ``value``)
+    keep_loss    a loss kept with its graph across micro-batches (``total += loss``)
+
+A violation (:class:`Violation`) carries the rule code, the event it is reported at and the arithmetic quoted from
+the trace ("micro-batches 1–4: backward ×4, zero_grad() before each, step after the 4th → the update sees
+micro-batch 4 only, weighted 1/4"). Rules add the framework, version and fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable, Iterable, Optional
+
+KINDS = ("forward", "backward", "zero_grad", "unscale", "clip", "rescale", "step", "update", "sched_step",
+         "no_sync", "counter", "keep_loss")
+
+# ------------------------------------------------------------------------------------------------ scales
+
+ACCUM_USER = "user"  # the script divides by the accumulation factor
+ACCUM_FRAMEWORK = "framework"  # accelerate / DeepSpeed divide by it
+SCALER = "scaler"  # GradScaler's loss scale (always undone by unscale_ / step)
+CONST = "const"  # a known number
+OTHER = "other"  # a factor whose value is not known (``loss / num_tokens``)
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One multiplicative factor of a loss scale: ``kind`` (see the constants above), the value as a power of N for
+    accumulation factors (``power=-1`` is ``1/N``), or ``value`` for a constant."""
+
+    kind: str
+    text: str = ""
+    power: int = 0  # for user / framework factors: N ** power
+    value: Optional[Fraction] = None  # for const factors
+    who: str = ""  # "accelerate", "deepspeed", ... for framework factors
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A symbolic product of factors. ``Scale()`` is 1."""
+
+    factors: tuple = ()
+
+    def times(self, f: Factor) -> "Scale":
+        return Scale(self.factors + (f,))
+
+    @property
+    def known(self) -> bool:
+        """No factor of unknown value (the scaler's scale counts as known: it is always undone)."""
+        return not any(f.kind == OTHER for f in self.factors)
+
+    @property
+    def n_power(self) -> int:
+        return sum(f.power for f in self.factors if f.kind in (ACCUM_USER, ACCUM_FRAMEWORK))
+
+    def by(self, kind: str) -> list:
+        return [f for f in self.factors if f.kind == kind]
+
+    def value(self, n: Optional[int]) -> Optional[Fraction]:
+        """The numeric weight of the loss with the scaler's scale left out; None when a factor is unknown."""
+        if not self.known:
+            return None
+        v = Fraction(1)
+        for f in self.factors:
+            if f.kind in (ACCUM_USER, ACCUM_FRAMEWORK):
+                if n is None:
+                    return None
+                v *= Fraction(n) ** f.power
+            elif f.kind == CONST and f.value is not None:
+                v *= f.value
+        return v
+
+    def text(self, n: Optional[int] = None) -> str:
+        """``1/N`` / ``1/N²`` (with ``= 1/16`` when N is known) / ``1`` / ``× scaler scale``."""
+        parts = []
+        p = self.n_power
+        if p:
+            sym = "N" if p == -1 else f"N{_sup(-p)}" if p < 0 else (f"N{_sup(p)}" if p > 1 else "N")
+            s = f"1/{sym}" if p < 0 else sym
+            v = self.value(n) if n is not None else None
+            if v is not None and n is not None and n > 1 and not self.by(CONST):
+                s += f" = {_frac(Fraction(n) ** p)}"
+            parts.append(s)
+        for f in self.factors:
+            if f.kind == CONST and f.value is not None and f.value != 1:
+                parts.append(_frac(f.value))
+            elif f.kind == OTHER:
+                parts.append(f"÷ {f.text}" if f.power < 0 else f"× {f.text}")
+        if self.by(SCALER):
+            parts.append("× scaler scale")
+        return " ".join(parts) if parts else "1"
+
+
+def _sup(k: int) -> str:
+    return "".join("⁰¹²³⁴⁵⁶⁷⁸⁹"[int(c)] for c in str(k))
+
+
+def _frac(v: Fraction) -> str:
+    return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+
+
+# ------------------------------------------------------------------------------------------------ events
+
+
+@dataclass
+class Event:
+    kind: str
+    line: int = 0
+    target: str = ""  # the receiver as written: "optimizer", "scaler", "model", "lr_scheduler", counter name
+    opt: str = ""  # the optimizer acted on (step, zero_grad of an optimizer, unscale_, scaler.step(opt))
+    of: str = ""  # zero_grad: "optimizer" | "model"
+    scale: Optional[Scale] = None  # backward / rescale
+    scaled: Optional[bool] = None  # backward through the scaler; clip on scaled gradients
+    effective: Optional[bool] = True  # takes effect (False: a no-op; None: unknown)
+    why: str = ""  # why it is not effective ("off the sync step", "off the DeepSpeed boundary")
+    via: str = ""  # "scaler" for scaler.step(opt); "engine" for a DeepSpeed engine; "accelerator" ...
+    certain: bool = True  # False: under a condition the dry run could not decide (it may or may not run)
+    in_no_sync: bool = False
+    value: Any = None  # counter value
+    text: str = ""  # the call as written
+    mb: int = -1  # micro-batch (0-based) the event happened in; -1 before the first
+    epoch: int = 0
+    cond_line: int = 0  # line of the innermost condition it ran under (0: none)
+    cond_text: str = ""
+    node: Any = None  # the static analysis's node (never read by the invariants)
+    meta: dict = field(default_factory=dict)  # producer-specific facts (statement, block, callees ...)
+
+    @property
+    def name(self) -> str:
+        return self.text or self.kind
+
+
+@dataclass
+class Violation:
+    code: str
+    event: Event
+    message: str  # the invariant and the arithmetic, quoted from the trace
+    data: dict = field(default_factory=dict)
+    related: list = field(default_factory=list)  # other events involved
+
+
+@dataclass
+class Window:
+    """The events of one optimizer update: after the previous effective step, up to and including this one."""
+
+    step: Event
+    events: list
+    first_mb: int
+    last_mb: int
+
+    @property
+    def backwards(self) -> list:
+        return [e for e in self.events if e.kind == "backward"]
+
+    def of(self, *kinds: str) -> list:
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def mbs(self) -> str:
+        """``micro-batches 1–4`` (1-based for people)."""
+        b = sorted({e.mb for e in self.backwards})
+        if not b:
+            return f"micro-batch {self.step.mb + 1}"
+        if len(b) == 1:
+            return f"micro-batch {b[0] + 1}"
+        return f"micro-batches {b[0] + 1}–{b[-1] + 1}"
+
+
+@dataclass
+class Trace:
+    events: list = field(default_factory=list)
+    n: Optional[int] = None  # the accumulation factor the run used (None: unknown)
+    n_text: str = "N"  # how the script spells it
+    n_source: str = ""  # "resolved" | "representative" | "observed" | ...
+    n_intended: bool = False  # the script asks for accumulation (a factor > 1 or a symbol) — not a guess
+    config: dict = field(default_factory=dict)  # condition text -> bool fixed for this run
+    owner: str = "plain"  # plain | accelerate | accelerate-manual | deepspeed | fabric | lightning | trainer
+    epoch_len: Optional[int] = None  # micro-batches per epoch in the run
+    epochs: int = 1
+    complete: bool = True  # the producer understood every relevant statement
+    line: int = 0  # the loop's line
+    notes: list = field(default_factory=list)
+
+    # ---------------------------------------------------------------- queries
+    def of(self, *kinds: str) -> list:
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def micro_batches(self) -> int:
+        return max((e.mb for e in self.events), default=-1) + 1
+
+    def optimizers(self) -> list:
+        out: list = []
+        for e in self.of("step"):
+            if e.opt not in out:
+                out.append(e.opt)
+        return out
+
+    def effective_steps(self, opt: Optional[str] = None) -> list:
+        return [e for e in self.of("step") if e.effective is True and e.certain and (opt is None or e.opt == opt)]
+
+    def windows(self, opt: Optional[str] = None) -> list:
+        """One :class:`Window` per effective step of ``opt`` (the only optimizer when None)."""
+        out = []
+        start = 0
+        prev_mb = -1
+        for i, e in enumerate(self.events):
+            if e.kind == "step" and e.effective is True and e.certain and (opt is None or e.opt == opt):
+                evs = self.events[start:i + 1]
+                bws = [x.mb for x in evs if x.kind == "backward"]
+                out.append(Window(e, evs, min(bws) if bws else prev_mb + 1, e.mb))
+                start = i + 1
+                prev_mb = e.mb
+        return out
+
+    def window_structure(self) -> Optional[list]:
+        """The windows every stepped optimizer shares, or None when optimizers step on different schedules
+        (a GAN critic every k micro-batches): window rules then cannot tell which backward feeds which update."""
+        opts = self.optimizers()
+        if not opts:
+            return None
+        ref = [e.mb for e in self.effective_steps(opts[0])]
+        for o in opts[1:]:
+            if [e.mb for e in self.effective_steps(o)] != ref:
+                return None
+        return self.windows(opts[0])
+
+    def lines_of(self, kind: str) -> list:
+        return sorted({e.line for e in self.of(kind)})
+
+    def config_text(self) -> str:
+        """``when `args.fp16` is set and `config.CLIP` is not`` — the configuration a finding needs."""
+        if not self.config:
+            return ""
+        parts = [f"`{k}` is {'set' if v else 'not set'}" if not k.startswith("(") else f"{k} is {v}"
+                 for k, v in self.config.items()]
+        return "when " + " and ".join(parts)
+
+    def timeline(self, limit: int = 12) -> list:
+        """Short text lines: which calls run on which micro-batch (for ``explain``)."""
+        rows: list = []
+        pre = [e for e in self.events if e.mb < 0 and e.kind not in ("counter",)]
+        if pre:
+            rows.append("before the loop: " + ", ".join(_short(e, self.n) for e in pre))
+        for mb in range(min(self.micro_batches, limit)):
+            evs = [e for e in self.events if e.mb == mb and e.kind not in ("counter", "forward")]
+            if not evs:
+                continue
+            ep = evs[0].epoch
+            rows.append(f"mb {mb + 1:>2} (epoch {ep + 1}): " + ", ".join(_short(e, self.n) for e in evs))
+        if self.micro_batches > limit:
+            rows.append(f"… ({self.micro_batches} micro-batches simulated)")
+        return rows
+
+
+def _short(e: Event, n: Optional[int]) -> str:
+    t = e.text or e.kind
+    if e.kind == "backward" and e.scale is not None:
+        t += f" [loss × {e.scale.text(n)}]"
+    if e.kind in ("step", "zero_grad", "sched_step") and e.effective is False:
+        t += " (no-op" + (f": {e.why}" if e.why else "") + ")"
+    if e.kind == "clip" and e.scaled:
+        t += " [on scaled grads]"
+    if not e.certain:
+        t += "?"
+    return t
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def ordinal(k: int) -> str:
+    if 10 <= k % 100 <= 20:
+        suf = "th"
+    else:
+        suf = {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suf}"
+
+
+def _first_unique(vs: Iterable[Violation]) -> list:
+    seen = set()
+    out = []
+    for v in vs:
+        key = (v.code, v.event.line)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(v)
+    return out
+
+
+def _n(trace: Trace) -> str:
+    return str(trace.n) if trace.n is not None else "N"
+
+
+def accumulates(trace: Trace) -> Optional[str]:
+    """Why the trace shows accumulation intent (a phrase), or None: a backward's loss carries 1/N with N > 1, or a
+    call that belongs to the update (zero_grad, scaler.update, scheduler) runs once per N micro-batches."""
+    if trace.n is None or trace.n <= 1:
+        return None
+    for b in trace.of("backward"):
+        if b.certain and b.scale is not None and b.scale.n_power < 0:
+            src = b.scale.by(ACCUM_USER) or b.scale.by(ACCUM_FRAMEWORK)
+            f = src[0]
+            if f.kind == ACCUM_USER:
+                return f"the loss is divided by `{f.text}`"
+            return f"{f.who or 'the framework'} divides the loss by `{f.text}`"
+    return None
+
+
+def full_windows(trace: Trace) -> Optional[list]:
+    """The windows of the shared window structure, when the loop has one."""
+    return trace.window_structure()
+
+
+# ------------------------------------------------------------------------------------------------ invariants
+# Each takes a Trace and returns a list of Violations. They read only events, never the program text.
+
+
+def steps_delayed(trace: Trace) -> list:
+    """BL101: in a loop that accumulates (1/N in the loss, N > 1), the optimizer steps once per N backwards — not
+    after every backward."""
+    why = accumulates(trace)
+    if why is None:
+        return []
+    wins = trace.window_structure()
+    mbs = trace.micro_batches
+    if not wins or mbs < 2:
+        return []
+    bws = [b for b in trace.of("backward") if b.certain]
+    if len({b.mb for b in bws}) < mbs:  # backward not on every micro-batch: not this mistake
+        return []
+    if not all(len(w.backwards) == 1 for w in wins) or len(wins) < mbs:
+        return []
+    out = []
+    n = _n(trace)
+    w = wins[0]
+    scale = w.backwards[0].scale.text(trace.n) if w.backwards[0].scale else "1"
+    for s in {id(x.step): x.step for x in wins}.values():
+        msg = (f"micro-batches 1–{min(mbs, trace.n or 4)}: backward, then `{s.name}` after each "
+               f"→ each update sees one micro-batch weighted {scale} instead of {n} micro-batches summing to 1 "
+               f"({why})")
+        out.append(Violation("BL101", s, msg, {"window": 1, "n": trace.n}))
+    return _first_unique(out)
+
+
+def grads_not_cleared_in_window(trace: Trace) -> list:
+    """BL102: between two effective optimizer steps, no ``zero_grad`` after the window's first backward."""
+    wins = trace.window_structure()
+    if not wins:
+        return []
+    out = []
+    for w in wins:
+        bws = [b for b in w.backwards if b.certain]
+        if len(bws) < 2:
+            continue
+        first = w.events.index(bws[0])
+        clears = [e for e in w.events[first + 1:] if e.kind == "zero_grad" and e.effective is True and e.certain
+                  and not (e.of == "optimizer" and e.opt not in trace.optimizers())]
+        if not clears:
+            continue
+        e = clears[-1]
+        pos = w.events.index(e)
+        before = [b for b in bws if w.events.index(b) < pos]
+        kept = [b for b in bws if w.events.index(b) > pos]
+        lost = len(before)
+        each = all(any(z.kind == "zero_grad" and z.effective for z in _between(w.events, a, b))
+                   for a, b in zip(bws, bws[1:]))
+        where = "before each" if each else f"after micro-batch {before[-1].mb + 1}"
+        scale = kept[0].scale.text(trace.n) if kept and kept[0].scale else "1"
+        seen = (f"micro-batch {kept[-1].mb + 1} only" if len(kept) == 1 else
+                f"micro-batches {kept[0].mb + 1}–{kept[-1].mb + 1} only") if kept else "no backward"
+        msg = (f"{w.mbs}: backward ×{len(bws)}, `{clears[0].name}` {where}, `{w.step.name}` after the "
+               f"{ordinal(len(bws))} → the update sees {seen}, weighted {scale}; the gradients of {lost} "
+               f"micro-batch{'es' if lost != 1 else ''} are erased")
+        out.append(Violation("BL102", clears[0], msg, {"lost": lost, "window": len(bws)}, [w.step]))
+    return _first_unique(out)
+
+
+def _between(events: list, a: Event, b: Event) -> list:
+    i, j = events.index(a), events.index(b)
+    return events[i + 1:j]
+
+
+def window_weights(trace: Trace) -> list:
+    """BL103 / BL104: the loss scales of one full window sum to 1 (or the gradients are rescaled before the
+    step). Sum N (no division): BL103. A user 1/N on top of a framework 1/N: BL104."""
+    wins = trace.window_structure()
+    if not wins:
+        return []
+    out = []
+    for w in wins:
+        bws = [b for b in w.backwards if b.certain]
+        if any(not b.certain for b in w.backwards) or any(e.kind == "rescale" for e in w.events):
+            continue
+        if not bws or any(b.scale is None or not b.scale.known for b in bws):
+            continue
+        user = [b for b in bws if b.scale.by(ACCUM_USER)]
+        fw = [b for b in bws if b.scale.by(ACCUM_FRAMEWORK)]
+        if user and fw:
+            b = user[0]
+            f = b.scale.by(ACCUM_FRAMEWORK)[0]
+            total = sum((x.scale.value(trace.n) or 0) for x in bws) if trace.n else None
+            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × {b.scale.text(trace.n)} each "
+                   f"(`/ {b.scale.by(ACCUM_USER)[0].text}` by hand and {f.who or 'the framework'}'s own "
+                   f"`/ {f.text}`) → the window's weights sum to "
+                   f"{_frac(total) if total is not None else '1/N'}, not 1")
+            out.append(Violation("BL104", b, msg, {"sum": str(total) if total is not None else None}))
+            continue
+        if trace.n is None or trace.n <= 1 or len(bws) != trace.n:
+            continue
+        vals = [b.scale.value(trace.n) for b in bws]
+        if any(v is None for v in vals):
+            continue
+        total = sum(vals)
+        if total == len(bws) and all(v == 1 for v in vals) and not user and not fw:
+            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × 1 each, `{w.step.name}` after the "
+                   f"{ordinal(len(bws))} → the update is the sum of {len(bws)} micro-batch gradients, "
+                   f"{len(bws)}× the window's mean")
+            out.append(Violation("BL103", bws[0], msg, {"sum": len(bws)}))
+    return _first_unique(out)
+
+
+def scheduler_per_step(trace: Trace) -> list:
+    """BL105: scheduler steps = optimizer steps (a scheduler stepped on every micro-batch of an N-window runs N× too
+    fast)."""
+    wins = trace.window_structure()
+    if not wins:
+        return []
+    out = []
+    for w in wins[1:] or wins:
+        bws = w.backwards
+        if len(bws) < 2:
+            continue
+        by: dict = {}
+        for e in w.of("sched_step"):
+            if e.effective is True and e.certain:
+                by.setdefault(e.target, []).append(e)
+        for tgt, evs in by.items():
+            if len(evs) < 2 or len(evs) < len(bws):
+                continue
+            msg = (f"{w.mbs}: backward ×{len(bws)}, `{evs[0].name}` ×{len(evs)}, `{w.step.name}` ×1 → the "
+                   f"schedule advances {len(evs)} steps per optimizer update ({len(evs)}× too fast)")
+            out.append(Violation("BL105", evs[0], msg, {"per_update": len(evs)}))
+    return _first_unique(out)
+
+
+def first_window_complete(trace: Trace) -> list:
+    """BL107: the first window is as long as the others (``i % N == 0`` on a 0-based index steps after the first
+    micro-batch alone)."""
+    wins = trace.window_structure()
+    if not wins or len(wins) < 3 or trace.n is None or trace.n <= 1:
+        return []
+    sizes = [len(w.backwards) for w in wins]
+    first = wins[0]
+    # the windows of the first epoch after the first one have N backwards
+    e0 = [w for w in wins[1:] if w.step.epoch == first.step.epoch]
+    if not e0 or sizes[0] >= trace.n or any(len(w.backwards) != trace.n for w in e0[:1]):
+        return []
+    if len(first.backwards) == 0:
+        return []
+    msg = (f"{first.mbs}: `{first.step.name}` after the {ordinal(len(first.backwards))} micro-batch, then every "
+           f"{trace.n} (after micro-batches "
+           + ", ".join(str(w.step.mb + 1) for w in wins[:3])
+           + f", …) → the first update is made from {len(first.backwards)} micro-batch"
+           f"{'es' if len(first.backwards) != 1 else ''} instead of {trace.n}, and every later window is shifted")
+    return [Violation("BL107", first.step, msg, {"first": len(first.backwards), "n": trace.n})]
+
+
+def clip_once_per_step(trace: Trace) -> list:
+    """BL112: one clip per update, after the window's last backward (clipping each micro-batch clips partial sums)."""
+    wins = trace.window_structure()
+    if not wins:
+        return []
+    out = []
+    for w in wins:
+        bws = w.backwards
+        clips = [c for c in w.of("clip") if c.certain]
+        if len(bws) < 2 or len(clips) < 2:
+            continue
+        last_bw = w.events.index(bws[-1])
+        early = [c for c in clips if w.events.index(c) < last_bw]
+        if not early:
+            continue
+        msg = (f"{w.mbs}: backward ×{len(bws)}, `{clips[0].name}` ×{len(clips)}, `{w.step.name}` ×1 → "
+               f"clipping acts on partial sums of the window's gradient")
+        out.append(Violation("BL112", clips[0], msg, {"clips": len(clips)}))
+    return _first_unique(out)
+
+
+def unscale_before_clip(trace: Trace) -> list:
+    """BL201: gradients clipped after a scaled backward are unscaled first (one ``unscale_`` per step, before any
+    clip)."""
+    out = []
+    for c in trace.of("clip"):
+        if c.scaled is True and c.certain:
+            steps = [s for s in trace.of("step") if s.via == "scaler" and s.mb >= c.mb]
+            if not steps:
+                continue
+            msg = (f"micro-batch {c.mb + 1}: `scaler.scale(loss).backward()`, then `{c.name}` with no "
+                   f"`unscale_` in between → the clip sees gradients × the loss scale (65 536 at the start)")
+            out.append(Violation("BL201", c, msg, {}))
+    return _first_unique(out)
+
+
+def scaler_calls_per_step(trace: Trace) -> list:
+    """BL202: ``scaler.update()`` only after a ``scaler.step()`` (else: "No inf checks were recorded"), one
+    ``unscale_`` per optimizer per update, and no scaled backward added to gradients already unscaled."""
+    out = []
+    stepped = False
+    unscaled: dict = {}
+    for e in trace.events:
+        if not e.certain:
+            continue
+        if e.kind == "step" and e.via == "scaler":
+            stepped = True
+        elif e.kind == "unscale":
+            if unscaled.get(e.opt) is not None:
+                first = unscaled[e.opt]
+                msg = (f"micro-batches {first.mb + 1} and {e.mb + 1}: `{e.name}` twice before `update()` → "
+                       f"RuntimeError: unscale_() has already been called on this optimizer since the last update()")
+                out.append(Violation("BL202", first, msg, {"error": "unscale twice"}))
+            else:
+                unscaled[e.opt] = e
+            stepped = True
+        elif e.kind == "update":
+            if not stepped:
+                msg = (f"micro-batch {e.mb + 1}: `{e.name}` with no `scaler.step()` since the last update → "
+                       f"AssertionError: No inf checks were recorded prior to update.")
+                out.append(Violation("BL202", e, msg, {"error": "no inf checks"}))
+            stepped = False
+            unscaled = {}
+        elif e.kind == "backward" and e.scaled and unscaled:
+            first = next(iter(unscaled.values()))
+            msg = (f"micro-batch {first.mb + 1}: `{first.name}`, then micro-batch {e.mb + 1}'s scaled backward adds "
+                   f"gradients × the loss scale to unscaled ones before the step")
+            out.append(Violation("BL202", first, msg, {"error": "mixed scaled"}))
+            unscaled = {}
+    return _first_unique(out)
+
+
+INVARIANTS: dict = {
+    "BL101": steps_delayed,
+    "BL102": grads_not_cleared_in_window,
+    "BL103": window_weights,
+    "BL104": window_weights,
+    "BL105": scheduler_per_step,
+    "BL107": first_window_complete,
+    "BL112": clip_once_per_step,
+    "BL201": unscale_before_clip,
+    "BL202": scaler_calls_per_step,
+}
+
+
+def check(trace: Trace, code: str) -> list:
+    """The violations of one rule on one trace."""
+    fn: Optional[Callable] = INVARIANTS.get(code)
+    if fn is None:
+        return []
+    return [v for v in fn(trace) if v.code == code]
+
+
+def check_all(trace: Trace) -> list:
+    out = []
+    seen = set()
+    for code, fn in INVARIANTS.items():
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        out.extend(fn(trace))
+    return _first_unique(out)

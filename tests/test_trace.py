@@ -1,0 +1,116 @@
+"""The shared trace model (bertlint/trace.py): invariants over hand-built traces, as the verifier will record them."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from bertlint import trace as T
+
+USER = T.Factor(T.ACCUM_USER, "N", power=-1)
+FW = T.Factor(T.ACCUM_FRAMEWORK, "gradient_accumulation_steps", power=-1, who="accelerate")
+
+
+def loop(n, body, epochs=1, length=8):
+    """Run ``body(tr, mb, i)`` for each micro-batch; it appends events."""
+    tr = T.Trace(n=n, n_text="N", epoch_len=length, epochs=epochs)
+    mb = 0
+    for ep in range(epochs):
+        for i in range(length):
+            before = len(tr.events)
+            body(tr, mb, i)
+            for e in tr.events[before:]:
+                e.mb, e.epoch = mb, ep
+            mb += 1
+    return tr
+
+
+def ev(kind, line, **kw):
+    return T.Event(kind, line, **kw)
+
+
+def codes(tr):
+    return sorted({(v.code, v.event.line) for v in T.check_all(tr)})
+
+
+def test_correct_window_has_no_violation():
+    def body(tr, mb, i):
+        tr.events.append(ev("backward", 3, scale=T.Scale((USER,)), text="loss.backward()"))
+        if (i + 1) % 4 == 0:
+            tr.events.append(ev("step", 5, opt="opt", text="opt.step()"))
+            tr.events.append(ev("zero_grad", 6, opt="opt", of="optimizer", text="opt.zero_grad()"))
+    tr = loop(4, body)
+    assert len(tr.windows("opt")) == 2 and [len(w.backwards) for w in tr.windows("opt")] == [4, 4]
+    assert codes(tr) == []
+    assert sum(b.scale.value(4) for b in tr.windows()[0].backwards) == 1
+
+
+def test_zero_grad_each_micro_batch_quotes_the_window():
+    def body(tr, mb, i):
+        tr.events.append(ev("zero_grad", 2, opt="opt", of="optimizer", text="opt.zero_grad()"))
+        tr.events.append(ev("backward", 3, scale=T.Scale((USER,)), text="loss.backward()"))
+        if (i + 1) % 4 == 0:
+            tr.events.append(ev("step", 5, opt="opt", text="opt.step()"))
+    tr = loop(4, body)
+    vs = T.check(tr, "BL102")
+    assert [v.event.line for v in vs] == [2]
+    assert "micro-batches 1–4: backward ×4" in vs[0].message and "micro-batch 4 only, weighted 1/N = 1/4" in vs[0].message
+
+
+def test_step_every_micro_batch_with_divided_loss():
+    def body(tr, mb, i):
+        tr.events.append(ev("backward", 3, scale=T.Scale((USER,)), text="loss.backward()"))
+        tr.events.append(ev("step", 4, opt="opt", text="opt.step()"))
+        tr.events.append(ev("zero_grad", 5, opt="opt", of="optimizer", text="opt.zero_grad()"))
+    assert codes(loop(4, body)) == [("BL101", 4)]
+    assert codes(loop(1, body)) == []  # N = 1: nothing accumulates
+
+
+def test_unscaled_and_doubly_scaled_windows():
+    def plain(tr, mb, i):
+        tr.events.append(ev("backward", 3, scale=T.Scale(), text="loss.backward()"))
+        if (i + 1) % 4 == 0:
+            tr.events.append(ev("step", 5, opt="opt", text="opt.step()"))
+            tr.events.append(ev("zero_grad", 6, opt="opt", of="optimizer"))
+    assert codes(loop(4, plain)) == [("BL103", 3)]
+
+    def twice(tr, mb, i):
+        tr.events.append(ev("backward", 3, scale=T.Scale((USER, FW)), text="accelerator.backward(loss)"))
+        if (i + 1) % 4 == 0:
+            tr.events.append(ev("step", 5, opt="opt"))
+    vs = T.check(loop(4, twice), "BL104")
+    assert vs and "sum to 1/4" in vs[0].message
+    assert T.Scale((USER, FW)).value(4) == Fraction(1, 16) and T.Scale((USER, FW)).text(4) == "1/N² = 1/16"
+
+
+def test_unknown_factor_stays_unknown():
+    other = T.Factor(T.OTHER, "num_tokens", power=-1)
+
+    def body(tr, mb, i):
+        tr.events.append(ev("backward", 3, scale=T.Scale((other,))))
+        if (i + 1) % 4 == 0:
+            tr.events.append(ev("step", 5, opt="opt"))
+    assert codes(loop(4, body)) == []
+
+
+def test_first_window_scheduler_clip_and_scaler():
+    def body(tr, mb, i):
+        tr.events.append(ev("backward", 3, scale=T.Scale((USER, T.Factor(T.SCALER))), scaled=True))
+        tr.events.append(ev("sched_step", 4, target="sched", text="sched.step()"))
+        tr.events.append(ev("clip", 5, scaled=True, text="clip_grad_norm_()"))
+        tr.events.append(ev("update", 6, target="scaler", text="scaler.update()"))
+        if i % 4 == 0:
+            tr.events.append(ev("step", 8, opt="opt", via="scaler", text="scaler.step(opt)"))
+            tr.events.append(ev("zero_grad", 9, opt="opt", of="optimizer"))
+    got = codes(loop(4, body, length=10))
+    assert ("BL107", 8) in got and ("BL105", 4) in got and ("BL112", 5) in got
+    assert ("BL201", 5) in got and ("BL202", 6) in got
+
+
+def test_two_optimizers_on_different_schedules_have_no_window():
+    def body(tr, mb, i):
+        tr.events.append(ev("backward", 3, scale=T.Scale()))
+        tr.events.append(ev("step", 4, opt="d"))
+        if i % 3 == 0:
+            tr.events.append(ev("step", 5, opt="g"))
+    tr = loop(4, body)
+    assert tr.window_structure() is None and codes(tr) == []
