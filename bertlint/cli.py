@@ -589,8 +589,23 @@ def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
         text = "".join(diffs)
         out.write(text)
         if not o.quiet:
+            from bertlint.reporters import fixable
+
             n = sum(len(r.applied) for r in results if r.fixed_text is not None)
-            err.write(f"Would fix {n} problem{'s' if n != 1 else ''}.\n" if n else "No fixes available.\n")
+            # what --unsafe-fixes would add: the findings left whose (unsafe) fix is not applied without it
+            hidden = 0 if o.unsafe_fixes else sum(1 for d in diags if fixable(d, True) and not fixable(d, False))
+            more = (
+                f" ({hidden} more fix{'es' if hidden != 1 else ''} available with `--unsafe-fixes`)" if hidden else ""
+            )
+            if n:
+                err.write(f"Would fix {n} problem{'s' if n != 1 else ''}{more}.\n")
+            elif hidden:
+                err.write(
+                    f"No safe fixes available ({hidden} fix{'es' if hidden != 1 else ''} available with "
+                    f"`--diff --unsafe-fixes`).\n"
+                )
+            else:
+                err.write("No fixes available.\n")
         return 0 if o.exit_zero or not text else 1
 
     if stdin_out is not None:
@@ -601,7 +616,9 @@ def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
 
     color = _color(out) and o.output_format in ("full", "concise")
     if o.statistics:
-        out.write(reporters.statistics(diags, o.output_format))
+        out.write(reporters.statistics(diags, o.output_format, unsafe=o.unsafe_fixes))
+        if o.output_format not in ("json", "json-lines", "sarif") and not o.quiet:
+            out.write(reporters.summary(diags, fixed=fixed, unsafe=o.unsafe_fixes, color=color))
     else:
         kw = {"sources": sources, "color": color, "unsafe": o.unsafe_fixes}
         if o.output_format == "sarif":

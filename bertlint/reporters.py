@@ -406,7 +406,7 @@ def summary(diags: list[Diagnostic], *, fixed: int = 0, unsafe: bool = False, co
     noun = "problem" if n == 1 else "problems"
     lines = []
     if fixed:
-        lines.append(f"Found {n + fixed} problems ({fixed} fixed, {n} remaining).")
+        lines.append(f"Found {n + fixed} problem{'s' if n + fixed != 1 else ''} ({fixed} fixed, {n} remaining).")
     else:
         lines.append(f"Found {n} {noun} ({', '.join(parts)}).")
     safe = sum(1 for d in diags if d.fix is not None and d.fix.applicability == Applicability.SAFE)
@@ -421,12 +421,19 @@ def summary(diags: list[Diagnostic], *, fixed: int = 0, unsafe: bool = False, co
     return "\n".join(lines) + "\n"
 
 
-def statistics(diags: list[Diagnostic], fmt: str = "full") -> str:
+def fixable(d: Diagnostic, unsafe: bool = False) -> bool:
+    """Whether ``--fix`` (with ``unsafe``: ``--fix --unsafe-fixes``) would apply the diagnostic's fix."""
+    return d.fix is not None and bool(d.fix.edits) and (unsafe or d.fix.applicability == Applicability.SAFE)
+
+
+def statistics(diags: list[Diagnostic], fmt: str = "full", *, unsafe: bool = False) -> str:
+    """Findings per code. A code is ``[*]`` / ``"fixable"`` when ``--fix`` (``--fix --unsafe-fixes`` with
+    ``unsafe``) would fix at least one of its findings: an unsafe fix alone does not make it fixable."""
     rows: dict[str, list] = {}
     for d in diags:
         r = rows.setdefault(d.code, [0, d.name, False])
         r[0] += 1
-        r[2] = r[2] or d.fix is not None
+        r[2] = r[2] or fixable(d, unsafe)
     order = sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0]))
     if fmt in ("json", "json-lines", "sarif"):
         return json.dumps(

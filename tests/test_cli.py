@@ -208,7 +208,12 @@ def test_every_format_is_deterministic_and_sorted(tmp_path, capsys, fmt):
 def test_statistics(tmp_path, capsys):
     write(tmp_path, "a.py", "import torch\nold_api()\nold_api()\nrare()\n")
     rc, out, _ = run(capsys, *SEL, "--statistics", str(tmp_path))
-    assert rc == 1 and out == "    2\tBL999\t[*] demo-rule\n    1\tBL998\tdemo-off\n"
+    assert rc == 1 and out == (
+        "    2\tBL999\t[*] demo-rule\n    1\tBL998\tdemo-off\n"
+        "Found 3 problems (2 warnings, 1 info).\n[*] 2 fixable with `--fix`.\n"
+    )
+    rc, out, _ = run(capsys, *SEL, "--statistics", "-q", str(tmp_path))
+    assert out == "    2\tBL999\t[*] demo-rule\n    1\tBL998\tdemo-off\n"
 
 
 def test_quiet_and_clean_summary(tmp_path, capsys):

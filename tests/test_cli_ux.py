@@ -168,3 +168,38 @@ def test_sarif_rules_carry_their_page_and_validate_against_the_schema(tmp_path, 
     assert rules["BL999"]["fullDescription"]["text"] == "demo"  # a rule without a page: its summary
     codes = [r["ruleId"] for r in doc["runs"][0]["results"]]
     assert sorted(codes) == ["BL001", "BL997", "BL999", "BL999"]
+
+
+# ------------------------------------------------------------------------------ 4. fix counts, statistics
+
+
+def test_statistics_count_only_safe_fixes_as_fixable(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\nrisky()\nrisky()\nold_api()\n")
+    rc, out, _ = run(capsys, *SEL, "--statistics", str(p))
+    assert out.splitlines() == [
+        "    2\tBL997\tdemo-unsafe",
+        "    1\tBL999\t[*] demo-rule",
+        "Found 3 problems (2 errors, 1 warning).",
+        "[*] 1 fixable with `--fix`.",
+        "2 more fixes available with `--fix --unsafe-fixes`.",
+    ]
+    rc, out, _ = run(capsys, *SEL, "--statistics", "--unsafe-fixes", str(p))
+    assert "    2\tBL997\t[*] demo-unsafe" in out
+    rc, out, _ = run(capsys, *SEL, "--statistics", "--output-format", "json", str(p))
+    assert {r["code"]: r["fixable"] for r in json.loads(out)} == {"BL997": False, "BL999": True}
+
+
+def test_diff_says_what_unsafe_fixes_would_add(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\nrisky()\n")
+    rc, out, err = run(capsys, *SEL, "--diff", str(p))
+    assert rc == 0 and out == ""
+    assert err == "No safe fixes available (1 fix available with `--diff --unsafe-fixes`).\n"
+    rc, out, err = run(capsys, *SEL, "--diff", "--unsafe-fixes", str(p))
+    assert rc == 1 and "+safer()" in out and err == "Would fix 1 problem.\n"
+    p.write_text("import torch\nrisky()\nold_api()\nrisky()\n")
+    rc, out, err = run(capsys, *SEL, "--diff", str(p))
+    assert rc == 1 and err == "Would fix 1 problem (2 more fixes available with `--unsafe-fixes`).\n"
+    p.write_text("import torch\nx = 1\n")
+    assert run(capsys, *SEL, "--diff", str(p))[2] == "No fixes available.\n"

@@ -174,7 +174,13 @@ def test_summary_and_statistics():
     )
     assert reporters.summary(ds, unsafe=True).endswith("[*] 1 fixable with `--fix --unsafe-fixes`.\n")
     assert reporters.summary(ds[1:], fixed=2) == "Found 4 problems (2 fixed, 2 remaining).\n"
-    assert reporters.statistics(ds) == "    2\tBL105\toptimizer-step-not-delayed\n    1\tBL101\t[*] optimizer-step-not-delayed\n"
+    # BL101's fix is unsafe: not fixable by --fix, fixable with --unsafe-fixes
+    assert reporters.statistics(ds) == "    2\tBL105\toptimizer-step-not-delayed\n    1\tBL101\toptimizer-step-not-delayed\n"
+    assert "1\tBL101\t[*] optimizer" in reporters.statistics(ds, unsafe=True)
+    assert json.loads(reporters.statistics(ds, "json"))[1]["fixable"] is False
+    assert json.loads(reporters.statistics(ds, "json", unsafe=True))[1]["fixable"] is True
+    assert reporters.summary(ds[2:], fixed=0) == "Found 1 problem (1 error).\n"
+    assert reporters.summary([], fixed=1) == "Found 1 problem (1 fixed, 0 remaining).\n"
     assert json.loads(reporters.statistics(ds, "json"))[0] == {
         "code": "BL105", "name": "optimizer-step-not-delayed", "count": 2, "fixable": False,
     }
