@@ -475,8 +475,30 @@ def _work(task):
         return r
 
 
+def _unknown_selector(o: Options) -> Optional[str]:
+    """The error for a --select / --extend-select / --ignore value that matches no rule (ruff: exit 2)."""
+    if not (o.select or o.extend_select or o.ignore):
+        return None
+    from bertlint.registry import ENGINE_CODES, all_rules
+
+    codes = set(ENGINE_CODES) | {r.meta.code for r in all_rules()}
+    for opt, values in (("--select", o.select or []), ("--extend-select", o.extend_select), ("--ignore", o.ignore)):
+        for v in values:
+            if v != "ALL" and not any(c.startswith(v) for c in codes):
+                return f"{opt}: unknown rule selector {v!r} (no rule code starts with it; `bertlint rules` lists them)"
+    return None
+
+
 def run(o: Options) -> int:
     from bertlint.api import FileResult, check_file
+
+    import warnings
+
+    # compile() is asked for the message of a syntax error: its SyntaxWarnings (invalid escapes ...) are not ours
+    warnings.filterwarnings("ignore", module="<bertlint>")
+    bad = _unknown_selector(o)
+    if bad:
+        return _err(bad)
 
     for stream in (sys.stdout, sys.stderr):  # messages carry "×" and "—": never die on a narrow locale
         try:

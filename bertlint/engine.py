@@ -230,9 +230,12 @@ def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None)
         nb = read_notebook(text)
     except DecodeError as e:
         return [parse_error(filename, e.message, e.row, e.column)] if settings.is_enabled("BL001") else []
+    problems = [replace(parse_error(filename, m, r, c), cell=n) for n, r, c, m in nb.problems]
+    if not settings.is_enabled("BL001"):
+        problems = []
     if not _PREFILTER.search(nb.source):
-        return []
-    errors: list[Diagnostic] = []
+        return problems
+    errors: list[Diagnostic] = list(problems)
     blank: set[int] = set()
     raw: set[int] = set()
     first_error: dict[int, tuple] = {}

@@ -207,8 +207,25 @@ def github(diags: list[Diagnostic], *, sources: Optional[dict[str, Optional[str]
 # ------------------------------------------------------------------------------------------------- junit
 
 
+# Characters XML 1.0 does not allow, even escaped (C0 controls but tab/newline/CR, surrogates, U+FFFE/U+FFFF).
+_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(s: str) -> str:
+    """``s`` with the characters XML cannot carry written as ``\\xNN`` / ``\\uNNNN`` (a path or message keeps
+    its other characters)."""
+    return _XML_BAD.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", s)
+
+
 def junit(diags: list[Diagnostic], **_) -> str:
-    from xml.sax.saxutils import quoteattr, escape
+    from xml.sax.saxutils import escape as _escape
+    from xml.sax.saxutils import quoteattr as _quoteattr
+
+    def quoteattr(s: str) -> str:
+        return _quoteattr(_xml_text(s), {"\n": "&#10;", "\r": "&#13;", "\t": "&#9;"})
+
+    def escape(s: str) -> str:
+        return _escape(_xml_text(s))
 
     by_file: dict[str, list[Diagnostic]] = {}
     for d in diags:

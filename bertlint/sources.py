@@ -82,12 +82,41 @@ def _declared_encoding(data: bytes) -> Optional[str]:
     return None
 
 
+def _wide_encoding(data: bytes) -> Optional[str]:
+    """"utf-16" / "utf-32" (with a BOM, kept when written back) or the BOM-less "utf-16-le" ... of a text file."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "utf-32"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
+    head = data[:4]
+    if len(head) == 4 and head[0] and not any(head[1:]):
+        return "utf-32-le"
+    if len(head) == 4 and head[3] and not any(head[:3]):
+        return "utf-32-be"
+    if len(head) >= 2 and head[0] and not head[1] and (len(head) < 4 or not head[3]):
+        return "utf-16-le"
+    if len(head) >= 2 and head[1] and not head[0] and (len(head) < 4 or not head[2]):
+        return "utf-16-be"
+    return None
+
+
 def is_binary(data: bytes) -> bool:
     return b"\x00" in data[:8192]
 
 
 def decode(data: bytes, python: bool = True) -> tuple[str, str]:
-    """(text, encoding). Raises ``BinaryFile`` or ``DecodeError`` (with the position of the bad byte)."""
+    """(text, encoding). Raises ``BinaryFile`` or ``DecodeError`` (with the position of the bad byte).
+
+    Notebooks and configuration files (``python=False``) may also be UTF-16 or UTF-32 (JSON allows them;
+    Windows editors write them): told by their byte-order mark, or for JSON without one by the zero bytes
+    around the first ASCII character (RFC 4627)."""
+    if not python:
+        enc = _wide_encoding(data)
+        if enc is not None:
+            try:
+                return data.decode(enc), enc
+            except UnicodeDecodeError as e:
+                raise DecodeError(f"the file is not valid {enc} text: byte offset {e.start}", 1, 1) from None
     if is_binary(data):
         raise BinaryFile()
     if data.startswith(b"\xef\xbb\xbf"):
@@ -134,6 +163,8 @@ class NotebookSource:
     cell_index: list[int]  # position of each code cell in nb["cells"]
     nb: dict = field(default_factory=dict)
     blanked: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # cell -> syntax error (row, col, msg)
+    # cells that could not be read (not an object, a "source" that is not text): (cell, row, col, message)
+    problems: list[tuple[int, int, int, str]] = field(default_factory=list)
 
     def map_row(self, row: int) -> tuple[int, int]:
         if 1 <= row <= len(self.rows):
@@ -225,16 +256,52 @@ def read_notebook(text: str) -> NotebookSource:
         raise DecodeError(f"invalid notebook JSON: {e.msg}", e.lineno, e.colno) from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise DecodeError("not a Jupyter notebook: no \"cells\" list", 1, 1)
-    lang = ((nb.get("metadata") or {}).get("language_info") or {}).get("name") if isinstance(nb.get("metadata"), dict) else None
+    meta = nb.get("metadata")
+    info = meta.get("language_info") if isinstance(meta, dict) else None
+    lang = info.get("name") if isinstance(info, dict) else None
     if isinstance(lang, str) and lang and lang.lower() != "python":
         return NotebookSource("", [], [], [], nb)
     cells: list[list[str]] = []
     index: list[int] = []
+    problems: list[tuple[int, int, int, str]] = []
     for i, cell in enumerate(nb["cells"]):
-        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+        why = _unreadable_cell(cell)
+        if why is not None:
+            problems.append((i + 1, 1, 1, f"cell {i + 1} {why}; the cell was not checked"))
+            continue
+        if cell.get("cell_type") == "code":
             cells.append(_cell_lines(cell))
             index.append(i)
-    return join_cells(cells, index, nb)
+    out = join_cells(cells, index, nb)
+    out.problems = problems
+    return out
+
+
+def _json_type(v) -> str:
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array", dict: "an object"}.get(
+        type(v), type(v).__name__
+    )
+
+
+def _unreadable_cell(cell) -> Optional[str]:
+    """Why a cell cannot be read as nbformat says (None: it can). Only code cells' sources matter."""
+    if not isinstance(cell, dict):
+        return f"is not a JSON object (got {_json_type(cell)})"
+    if cell.get("cell_type") != "code":
+        return None
+    if "source" not in cell:
+        return 'is a code cell without "source"'
+    src = cell["source"]
+    if isinstance(src, str):
+        return None
+    if isinstance(src, list):
+        for j, item in enumerate(src):
+            if not isinstance(item, str):
+                return f'has a "source" whose item {j} is not a string (got {_json_type(item)})'
+        return None
+    return f'has a "source" that is neither a string nor a list of strings (got {_json_type(src)})'
 
 
 def join_cells(
@@ -271,6 +338,7 @@ class NotebookJsonMap:
         self.text = text
         self.cells: dict[int, list[tuple[int, str]]] = {}  # cell number -> [(offset of the opening quote, str)]
         self._starts: Optional[list[int]] = None
+        self.cell_at: dict[int, int] = {}  # cell number -> offset of the cell's "{" (cells without source text)
         self._lines: dict[int, tuple[str, list[int], list[tuple[int, int]]]] = {}
         try:
             nb = json.loads(text)
@@ -282,6 +350,8 @@ class NotebookJsonMap:
         values: dict = {}
 
         def want(path: tuple) -> bool:
+            if len(path) == 2:
+                return path[0] == "cells"
             return len(path) >= 3 and path[0] == "cells" and path[2] == "source" and len(path) <= 4
 
         try:
@@ -289,6 +359,8 @@ class NotebookJsonMap:
         except Exception:  # a JSON text json.loads accepts but the scan does not follow: no positions
             return
         for i, cell in enumerate(cells):
+            if ("cells", i) in values:
+                self.cell_at[i + 1] = values[("cells", i)]
             src = cell.get("source") if isinstance(cell, dict) else None
             if isinstance(src, str) and ("cells", i, "source") in values:
                 self.cells[i + 1] = [(values[("cells", i, "source")], src)]
@@ -314,11 +386,9 @@ class NotebookJsonMap:
 
     def offset(self, cell: int, row: int, column: int) -> Optional[int]:
         """Offset in the JSON text of the character at (row, column) of ``cell`` (1-based)."""
-        if cell not in self.cells:
-            return None
+        if not self.cells.get(cell):  # no source text (an unreadable or empty cell): the cell itself
+            return self.cell_at.get(cell)
         joined, line_starts, bounds = self._cell(cell)
-        if not bounds:
-            return None
         if row < 1:
             row, column = 1, 1
         if row > len(line_starts) - 1:  # past the last line: the end of the cell

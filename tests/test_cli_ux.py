@@ -203,3 +203,79 @@ def test_diff_says_what_unsafe_fixes_would_add(tmp_path, capsys):
     assert rc == 1 and err == "Would fix 1 problem (2 more fixes available with `--unsafe-fixes`).\n"
     p.write_text("import torch\nx = 1\n")
     assert run(capsys, *SEL, "--diff", str(p))[2] == "No fixes available.\n"
+
+
+# ------------------------------------------------------------------------- 5. robust inputs and outputs
+
+
+def test_junit_is_well_formed_with_control_characters(tmp_path, capsys, monkeypatch):
+    import xml.etree.ElementTree as ET
+
+    monkeypatch.chdir(tmp_path)
+    name = "a\x1bb\x01.py"
+    (tmp_path / name).write_text("import torch\nold_api()\n")
+    rc, out, _ = run(capsys, *SEL, "--output-format", "junit", name)
+    root = ET.fromstring(out)  # raises on a character XML 1.0 cannot carry
+    assert root.find("testsuite").get("name") == "a\\x1bb\\x01.py"
+    assert root.find("testsuite/testcase/failure").get("type") == "BL999"
+
+
+def test_unreadable_notebook_cells_are_reported(tmp_path, capsys):
+    p = tmp_path / "nb.ipynb"
+    nb = _nb(("code", "import torch\nold_api()\n"), ("code", 5), ("markdown", 7), ("code", ["x = 1\n", None]))
+    nb["cells"].insert(2, "not a cell")
+    p.write_text(json.dumps(nb))
+    rc, out, _ = run(capsys, *SEL, "--output-format", "concise", str(p))
+    assert rc == 1
+    lines = out.splitlines()
+    assert lines[0] == f"{p}:cell 1:2:1: BL999 [*] old_api() is gone"  # the readable cells are still linted
+    assert lines[1] == (
+        f'{p}:cell 2:1:1: BL001 cell 2 has a "source" that is neither a string nor a list of strings (got a number); '
+        "the cell was not checked"
+    )
+    assert lines[2] == f"{p}:cell 3:1:1: BL001 cell 3 is not a JSON object (got a string); the cell was not checked"
+    assert "cell 5" in lines[3] and "item 1 is not a string (got null)" in lines[3]
+    assert lines[4].startswith("Found 4 problems")  # the markdown cell's odd source is not code: nothing to say
+    rc, out, _ = run(capsys, *SEL, "--output-format", "sarif", str(p))
+    region = json.loads(out)["runs"][0]["results"][2]["locations"][0]["physicalLocation"]["region"]
+    text = p.read_text()
+    assert text.splitlines()[region["startLine"] - 1][region["startColumn"] - 1 :].startswith('"not a cell"')
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_utf16_notebooks_are_decoded_and_fixed_in_their_encoding(tmp_path, capsys, encoding):
+    p = tmp_path / "nb.ipynb"
+    p.write_bytes(json.dumps(_nb(("code", ["import torch\n", "old_api()\n"])), indent=1).encode(encoding))
+    rc, out, err = run(capsys, *SEL, "--output-format", "concise", str(p))
+    assert rc == 1 and out.startswith(f"{p}:cell 1:2:1: BL999") and "binary" not in err
+    rc, out, err = run(capsys, *SEL, "--fix", str(p))
+    assert json.loads(p.read_bytes().decode(encoding))["cells"][0]["source"][1] == "new_api()\n"
+    if encoding == "utf-16":
+        assert p.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")  # the byte-order mark is kept
+
+
+def test_selector_matching_no_rule_is_a_usage_error(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\nold_api()\n")
+    for opt in ("--select", "--extend-select", "--ignore"):
+        rc, out, err = run(capsys, opt, "BL8", "--no-cache", str(p))  # (the demo rules are BL99x)
+        assert rc == 2 and out == ""
+        assert f"{opt}: unknown rule selector 'BL8'" in err
+    assert run(capsys, "--select", "BL9", "--no-cache", str(p))[0] == 1  # BL999 (the demo rule) matches
+    assert run(capsys, "--select", "ALL", "--ignore", "BL1", "--no-cache", str(p))[0] == 1
+
+
+def test_syntax_warning_of_a_cell_does_not_leak(tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "nb.ipynb"
+    # an invalid escape (SyntaxWarning on 3.12+, DeprecationWarning before) in a cell, a syntax error in the next:
+    # bertlint asks compile() for the error's message, which warns about the escape
+    p.write_text(json.dumps(_nb(("code", "import torch\nx = '\\d'\nif x is 1: pass\n"), ("code", "def f(:\n"))))
+    r = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "bertlint", "--no-cache", "--output-format", "concise", str(p)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 1 and "BL001" in r.stdout
+    assert r.stderr == ""

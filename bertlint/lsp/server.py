@@ -734,6 +734,9 @@ def serve(*, debounce_ms: Optional[int] = None, log_file: Optional[str] = None) 
         logging.basicConfig(filename=log_file, level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
     else:
         logging.basicConfig(level=logging.WARNING, format="bertlint lsp: %(message)s")
+    import warnings
+
+    warnings.filterwarnings("ignore", module="<bertlint>")  # compile()'s SyntaxWarnings on a buffer's syntax error
     guard_rules()
     server = create_server(debounce_ms)
     server.start_io()
