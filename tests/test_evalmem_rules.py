@@ -1160,3 +1160,103 @@ def test_bl502_gradient_users_not_reported():
                 out = model(x)
                 j = torch.autograd.functional.jacobian(model, x)
         """)
+
+
+# ------------------------------------------------------------------- evaluation flow across calls (issue 14)
+def test_function_handed_to_a_thread_or_partial_starts_with_grad_on():
+    check("""
+        import threading
+        from functools import partial
+        import torch
+
+        model = torch.nn.Linear(4, 2)
+
+        def score(loader):
+            model.eval()
+            for x in loader:
+                print(model(x))  # expect: BL502
+
+        def score_later(tag, loader):
+            model.eval()
+            for x in loader:
+                print(model(x))  # expect: BL502
+
+        threading.Thread(target=score, args=([torch.randn(2, 4)],)).start()
+        run = partial(score_later, "val")
+        run([torch.randn(2, 4)])
+    """)
+
+
+def test_function_handed_to_a_hook_or_called_under_no_grad_stays_unknown():
+    check("""
+        import torch
+
+        model = torch.nn.Linear(4, 2)
+
+        def probe(loader):
+            model.eval()
+            for x in loader:
+                print(model(x))
+
+        def hook(module, inp, out):
+            model.eval()
+            for x in inp:
+                print(model(x))
+
+        model.register_forward_hook(hook)
+        with torch.no_grad():
+            list(map(probe, [[torch.randn(2, 4)]]))
+    """)
+
+
+def test_evaluate_method_is_framework_owned_only_in_a_framework_class():
+    check("""
+        import torch
+        from transformers import Trainer
+
+        class MyTrainer(Trainer):
+            def evaluate(self, loader=None):
+                self.model.eval()
+                for b in loader:
+                    print(self.model(**b))
+                return {}
+
+        class Runner:
+            def __init__(self):
+                self.model = torch.nn.Linear(4, 2)
+
+            def evaluate(self, loader):
+                self.model.eval()
+                for x in loader:
+                    print(self.model(x))  # expect: BL502
+    """)
+
+
+def test_shared_epoch_function_judged_per_call_site():
+    check('''
+        import torch
+
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def run_epoch(loader, optimizer=None):
+            for x in loader:
+                loss = model(x).sum()  # expect: BL502
+                if optimizer is not None:
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+
+        def run_mode(loader, mode):
+            for x in loader:
+                loss = model(x).sum()
+                if mode == "train":
+                    loss.backward()
+                    opt.step()
+
+        run_epoch([torch.randn(2, 4)], opt)
+        run_epoch([torch.randn(2, 4)])
+        run_mode([torch.randn(2, 4)], "train")
+        with torch.no_grad():
+            run_mode([torch.randn(2, 4)], "eval")
+    ''')

@@ -66,7 +66,10 @@ _MODEL_CTOR = re.compile(
     r"^FullyShardedDataParallel$|^FSDP$|^PeftModel|^get_peft_model$|^prepare_model_for_kbit_training$|"
     r"^SentenceTransformer$|^unwrap_model$|Classifier$|Net$|Encoder$|Transformer$)"
 )
-_NOT_MODEL_CTOR = re.compile(r"(Tokenizer|Processor|Config|FeatureExtractor|ImageProcessor|Collator|Dataset|Args)")
+_NOT_MODEL_CTOR = re.compile(r"(Tokenizer|Processor|Config|FeatureExtractor|ImageProcessor|Collator|Dataset|Args|"
+                            r"Pipeline$|^pipeline$)")
+# a diffusers / transformers pipeline's __call__ runs under no_grad itself (diffusers decorates it with
+# ``@torch.no_grad()``; transformers' ``Pipeline.forward`` uses ``no_grad`` / ``inference_mode``)
 
 # torch.nn classes that save their input for the weight gradient (an inference tensor as input raises)
 _SAVING_MODULES = {"Linear", "Bilinear", "Embedding", "EmbeddingBag", "Conv1d", "Conv2d", "Conv3d", "LayerNorm",
@@ -102,6 +105,12 @@ _GRAPH_FUNCS = {
 _BUILTIN_GRAPH = {"sum"}  # builtins that return a tensor built from tensor elements
 
 _BACKWARD_CALLS = {"backward", "manual_backward"}
+# calls that run a function handed to them in a new thread or process (grad mode is thread-local: on there)
+_NEW_THREAD_CALLS = {"spawn", "start_processes", "Thread", "Process", "Timer", "notebook_launcher",
+                     "debug_launcher", "launch", "elastic_launch", "run_in_executor", "to_thread"}
+# methods only torch code calls (``torch_file`` for a file that imports only its own package)
+_TORCH_ONLY_CALLS = ("backward", "zero_grad", "no_grad", "inference_mode", "requires_grad_", "load_state_dict",
+                     "named_parameters", "set_grad_enabled", "clip_grad_norm_")
 _OPTIMIZER_TOKENS = {"opt", "optim", "optimizer", "optimiser", "optimizers", "scaler", "grad_scaler"}
 _TRAIN_STEP_RECEIVER = re.compile(r"(opt|optim|optimizer|scaler|engine|model_engine)", re.IGNORECASE)
 
@@ -110,8 +119,9 @@ _FRAMEWORK_EVAL_METHODS = {
     "validation_step", "test_step", "predict_step", "validation_epoch_end", "test_epoch_end",
     "on_validation_epoch_end", "on_test_epoch_end", "on_validation_batch_end", "on_test_batch_end",
     "on_predict_epoch_end", "on_predict_batch_end", "prediction_step", "evaluation_loop", "prediction_loop",
-    "evaluate", "predict",
 }
+# ordinary method names: the framework runs them under no_grad only when the class is the framework's own
+_FRAMEWORK_GENERIC_METHODS = {"evaluate", "predict", "prediction_step", "evaluation_loop", "prediction_loop"}
 _FRAMEWORK_BASES = re.compile(r"(LightningModule|Trainer|Callback|LightningDataModule|TrainerCallback|Pipeline|Evaluator|Predictor)$")
 
 
@@ -241,6 +251,9 @@ class _Leave:
     pass
 
 
+_NOVALUE = object()  # a parameter a call site leaves without a (literal) value
+
+
 _LEAVE = _Leave()
 
 
@@ -274,8 +287,12 @@ class EvalFlow:
         mods = self.symbols.imported_modules
         if mods & _FOREIGN:
             return False
-        return bool(mods & {"torch", "transformers", "accelerate", "deepspeed", "lightning", "pytorch_lightning",
-                            "peft", "sentence_transformers", "timm"})
+        if mods & {"torch", "transformers", "accelerate", "deepspeed", "lightning", "pytorch_lightning",
+                   "peft", "sentence_transformers", "timm"}:
+            return True
+        # a file that imports only its own package (``from mypkg.utils import *``) is still a torch file when it
+        # calls what only torch code calls
+        return any(self.calls_by_final.get(n) for n in _TORCH_ONLY_CALLS)
 
     def inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
         o = self.order.get(node)
@@ -479,28 +496,96 @@ class EvalFlow:
                 sites.append(c)
             elif isinstance(c.func, cst.Attribute):
                 sites.append(c)
-        n_refs = 0
+        refs = []
         for nm in self._names_by_value().get(name, ()):
             p = self.parent.get(nm)
             if p is func or isinstance(p, cst.ImportAlias):
                 continue
+            if isinstance(p, (cst.FunctionDef, cst.ClassDef)) and p.name is nm:
+                continue  # another definition with the same name
             if isinstance(p, cst.Call) and p.func is nm:
                 continue
             if isinstance(p, cst.Attribute) and p.attr is nm:
                 gp = self.parent.get(p)
                 if isinstance(gp, cst.Call) and gp.func is p:
                     continue
-            n_refs += 1  # referenced without being called: a callback, callers unknown
-        if n_refs:
+            refs.append(nm)  # referenced without being called: handed to a thread, a launcher, a callback, ...
+        self.__dict__.setdefault("_refs_memo", {})[id(func)] = (sites, refs)
+        if refs:
             return None
         return sites
+
+    def handed_state(self, func: cst.FunctionDef, depth: int = 0) -> str:
+        """Grad mode ``func`` starts in when it is referenced without being called: handed to ``mp.spawn`` /
+        ``Thread(target=...)`` / a process pool (a new thread or process starts with grad on: grad mode is
+        thread-local), through ``functools.partial``, or as a callback to a call running with grad on. UNKNOWN for
+        hooks (they run inside someone's forward), aliases, containers, or a call that runs under no_grad."""
+        self.call_sites(func)
+        sites, refs = self.__dict__.get("_refs_memo", {}).get(id(func), ([], []))
+        if not refs:
+            return ENABLED
+        for r in refs:
+            if self._ref_state(r, depth) != ENABLED:
+                return UNKNOWN
+        return ENABLED
+
+    def _ref_state(self, node: cst.CSTNode, depth: int) -> str:
+        if depth > 4:
+            return UNKNOWN
+        arg = self.parent.get(node)
+        if isinstance(arg, cst.Attribute) and arg.attr is node:  # `self.evaluate` handed on
+            node, arg = arg, self.parent.get(arg)
+        if not isinstance(arg, cst.Arg) or arg.value is not node:
+            return UNKNOWN
+        call = self.parent.get(arg)
+        if not isinstance(call, cst.Call):
+            return UNKNOWN
+        q = self.qual(call.func) if isinstance(call.func, (cst.Name, cst.Attribute)) else None
+        last = final(q) if q else (call.func.attr.value if isinstance(call.func, cst.Attribute) else "")
+        if last in _NEW_THREAD_CALLS or (last in ("submit", "map", "apply_async", "map_async", "starmap", "imap")
+                                         and isinstance(call.func, cst.Attribute)
+                                         and dotted(call.func.value) not in (None, "builtins")
+                                         and self._pool_like(call.func.value)):
+            return ENABLED
+        if "hook" in last.lower() or last in ("apply", "register", "checkpoint"):
+            return UNKNOWN  # runs inside a forward / backward of somebody else's
+        if last == "partial":
+            # functools.partial(f, ...): the partial object's own fate decides
+            up = self.parent.get(call)
+            if isinstance(up, cst.Arg):
+                return self._ref_state(call, depth + 1)
+            if isinstance(up, cst.Assign) and len(up.targets) == 1 and isinstance(up.targets[0].target, cst.Name):
+                return self._name_uses_state(up.targets[0].target.value, self.scope.get(up), up, depth + 1)
+            return UNKNOWN
+        st = self._grad_state(call, depth + 1)
+        return ENABLED if st == ENABLED else UNKNOWN
+
+    def _pool_like(self, expr: cst.BaseExpression) -> bool:
+        d = (dotted(expr) or "").lower()
+        return any(t in d for t in ("pool", "executor"))
+
+    def _name_uses_state(self, name: str, scope: Scope, after: cst.CSTNode, depth: int) -> str:
+        """Grad mode at every use of a local name bound to a partial: its calls and hand-overs."""
+        uses = [n for n in self.names.get(scope, []) if n.value == name and self.order.get(n, -1) > self.end[after]]
+        if not uses:
+            return UNKNOWN
+        for n in uses:
+            p = self.parent.get(n)
+            if isinstance(p, cst.Call) and p.func is n:
+                if self._grad_state(p, depth + 1) != ENABLED:
+                    return UNKNOWN
+            elif self._ref_state(n, depth + 1) != ENABLED:
+                return UNKNOWN
+        return ENABLED
 
     def _callers_state(self, func: cst.FunctionDef, depth: int) -> str:
         if depth > 4:
             return UNKNOWN
         sites = self.call_sites(func)
         if sites is None:
-            return UNKNOWN
+            if self.handed_state(func, depth) != ENABLED:
+                return UNKNOWN
+            sites = self.__dict__["_refs_memo"][id(func)][0]
         for s in sites:
             if self.inside(s, func):  # recursion
                 continue
@@ -644,7 +729,9 @@ class EvalFlow:
         if not isinstance(func, (cst.Name, cst.Attribute)):
             return False
         d = dotted(func)
-        if not d or d == "self" or d == "super":
+        if d == "self":
+            return self._self_forward(call)
+        if not d or d == "super":
             return False
         if isinstance(self.parent.get(call), cst.Await):
             return False
@@ -653,6 +740,56 @@ class EvalFlow:
             return False
         scope = self.scope_of(call)
         return self.is_model_name(d, scope)
+
+    def _self_forward(self, call: cst.Call) -> bool:
+        """``self(x)`` / ``self.forward(x)`` in a method (not ``forward`` itself) of an ``nn.Module`` subclass."""
+        scope = self.scope_of(call)
+        if scope is None or scope.name.value in ("forward", "__call__", "_call_impl"):
+            return False
+        cls = self.class_of(scope)
+        return cls is not None and self.module_family(cls) is not None
+
+    def module_family(self, cls: cst.ClassDef) -> Optional[str]:
+        """"module" / "lightning" / "pretrained" when ``cls``'s bases reach ``torch.nn.Module`` (``nn.Module``,
+        ``PreTrainedModel``, ``LightningModule``) through this file's classes and imports; None otherwise."""
+        memo = self.__dict__.setdefault("_family_memo", {})
+        key = id(cls)
+        if key not in memo:
+            memo[key] = None
+            memo[key] = self._module_family(cls, 0)
+        return memo[key]
+
+    def _module_family(self, cls: cst.ClassDef, depth: int) -> Optional[str]:
+        roles = getattr(self, "roles", None)
+        if roles is not None:
+            try:
+                fam = roles.class_family(cls)
+            except Exception:
+                fam = None
+            if fam:
+                low = str(fam).lower()
+                if "lightning" in low:
+                    return "lightning"
+                if "pretrained" in low or "model" in low or "module" in low:
+                    return "module" if "pretrained" not in low else "pretrained"
+        for b in cls.bases:
+            q = self.symbols.qualname(b.value) or dotted(b.value) or ""
+            last = final(q)
+            if q in ("torch.nn.Module", "nn.Module", "torch.nn.modules.module.Module") or \
+                    (last == "Module" and q.startswith(("torch.", "nn."))):
+                return "module"
+            if last in ("LightningModule",):
+                return "lightning"
+            if last.endswith("PreTrainedModel") or last == "PreTrainedModel":
+                return "pretrained"
+            if q.startswith("torch.nn.") and last[:1].isupper():
+                return "module"  # nn.Sequential, nn.ModuleList, ...
+            local = self.symbols.classes.get(dotted(b.value) or "")
+            if local is not None and local is not cls and depth < 6:
+                fam = self._module_family(local, depth + 1)
+                if fam:
+                    return fam
+        return None
 
     def module_class(self, name: str, scope: Scope) -> Optional[str]:
         """The torch.nn class a name was built from (``nn.Linear``, ``nn.Sequential(nn.Linear(...), ...)``'s first
@@ -789,6 +926,110 @@ class EvalFlow:
                 return True
         return False
 
+    def evaluation_call(self, loop: cst.CSTNode) -> Optional[cst.Call]:
+        """A call of the function holding ``loop`` in which none of the loop's training calls runs: every backward /
+        optimizer step of the loop sits under an ``if`` on a parameter (``if train:``, ``if optimizer is not None:``,
+        ``if mode == "train":``) that this call site sets (or leaves at its default) so that the branch is not taken,
+        and the call itself runs with grad on. A shared ``run_epoch(loader, train=False)`` is an evaluation at that
+        call even though the same function trains when ``train=True``. None when there is no such call."""
+        memo = self.__dict__.setdefault("_evalcall_memo", {})
+        if id(loop) not in memo:
+            memo[id(loop)] = self._evaluation_call(loop)
+        return memo[id(loop)]
+
+    def _evaluation_call(self, loop: cst.CSTNode) -> Optional[cst.Call]:
+        fn = self.scope_of(loop)
+        if fn is None:
+            return None
+        trains = [c for c in self.calls_in(loop) if self._is_train_call(c) or self._calls_training_function(c)]
+        if not trains:
+            return None
+        p = fn.params
+        is_method = self.class_of(fn) is not None
+        positional = [x for x in (*p.posonly_params, *p.params)]
+        if is_method and positional and positional[0].name.value in ("self", "cls"):
+            positional = positional[1:]
+        params = {x.name.value: x for x in (*positional, *p.kwonly_params)}
+        gates = []  # (If, branch taken for the training call: True = body, False = orelse, parameter name)
+        for c in trains:
+            g = self._param_gate(c, loop, params)
+            if g is None:
+                return None
+            gates.append(g)
+        sites = self.call_sites(fn)
+        if sites is None:
+            sites = self.__dict__.get("_refs_memo", {}).get(id(fn), ([], []))[0]
+        for site in sites:
+            if self.inside(site, fn) or any(a.star for a in site.args):
+                continue
+            bound = {}
+            for name, param in params.items():
+                v = self._arg_value(site, name, positional, param)
+                bound[name] = v
+            if all(self._test_value(test, name, bound.get(name, _NOVALUE)) is (not branch)
+                   for test, branch, name in gates) and self.grad_state(site) == ENABLED:
+                return site
+        return None
+
+    def _param_gate(self, call: cst.Call, loop: cst.CSTNode, params: dict):
+        """(test, branch, parameter) of the innermost ``if`` inside ``loop`` whose test reads only one parameter of
+        the function and holds ``call`` in one branch; None when ``call`` runs unconditionally (or on something
+        else)."""
+        cur, child = self.parent.get(call), call
+        while cur is not None and cur is not loop:
+            if isinstance(cur, cst.If) and child is not cur.test:
+                names = names_in(cur.test) - {"None", "True", "False"}
+                if len(names) == 1 and next(iter(names)) in params:
+                    branch = child is cur.body
+                    return cur.test, branch, next(iter(names))
+            if isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            child, cur = cur, self.parent.get(cur)
+        return None
+
+    def _arg_value(self, site: cst.Call, name: str, positional: list, param: cst.Param):
+        for a in site.args:
+            if a.keyword is not None and a.keyword.value == name:
+                return literal(a.value)
+        idx = next((i for i, x in enumerate(positional) if x.name.value == name), None)
+        pos = [a for a in site.args if a.keyword is None]
+        if idx is not None and idx < len(pos):
+            return literal(pos[idx].value)
+        if param.default is not None:
+            return literal(param.default)
+        return _NOVALUE
+
+    def _test_value(self, test: cst.BaseExpression, name: str, value) -> Optional[bool]:
+        """The truth of ``test`` with parameter ``name`` bound to the literal ``value``; None when not known."""
+        from bertlint.analysis.symbols import UNKNOWN as _U
+
+        if value is _NOVALUE or value is _U:
+            return None
+        if isinstance(test, cst.Name) and test.value == name:
+            return bool(value)
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            v = self._test_value(test.expression, name, value)
+            return None if v is None else not v
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+                isinstance(test.left, cst.Name) and test.left.value == name:
+            op, right = test.comparisons[0].operator, test.comparisons[0].comparator
+            if isinstance(op, (cst.Is, cst.IsNot)) and literal(right) is None and \
+                    isinstance(right, cst.Name):
+                return (value is None) if isinstance(op, cst.Is) else (value is not None)
+            r = literal(right)
+            if r is _U:
+                if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
+                    items = [literal(e.value) for e in right.elements]
+                    if any(i is _U for i in items):
+                        return None
+                    return (value in items) if isinstance(op, cst.In) else (value not in items)
+                return None
+            if isinstance(op, cst.Equal):
+                return value == r
+            if isinstance(op, cst.NotEqual):
+                return value != r
+        return None
+
     def backward_names(self, scope: Scope) -> set[str]:
         """Names read by the backward calls of ``scope`` (receiver chain and arguments)."""
         out: set[str] = set()
@@ -824,13 +1065,34 @@ class EvalFlow:
         subclass's prediction_step / evaluate, callbacks)."""
         if scope is None:
             return False
-        if scope.name.value in _FRAMEWORK_EVAL_METHODS and self.class_of(scope) is not None:
-            return True
         cls = self.class_of(scope)
-        if cls is not None:
-            for b in self.symbols.class_bases.get(cls.name.value, []):
-                if _FRAMEWORK_BASES.search(b):
-                    return True
+        if cls is None:
+            return False
+        name = scope.name.value
+        if name in _FRAMEWORK_GENERIC_METHODS:
+            # `evaluate` / `predict` of the user's own class is an ordinary method: owned only in a framework class
+            return self.framework_class(cls)
+        if name in _FRAMEWORK_EVAL_METHODS:
+            return True
+        return self.framework_class(cls)
+
+    def framework_class(self, cls: cst.ClassDef, depth: int = 0) -> bool:
+        """``cls`` derives from a framework class whose loops run its methods (Trainer, LightningModule, callbacks,
+        pipelines), through this file's classes; an imported base counts by its name."""
+        roles = getattr(self, "roles", None)
+        if roles is not None and depth == 0:
+            try:
+                fam = roles.class_family(cls)
+            except Exception:
+                fam = None
+            if fam and re.search(r"(?i)trainer|lightning|callback|pipeline", str(fam)):
+                return True
+        for b in self.symbols.class_bases.get(cls.name.value, []):
+            if _FRAMEWORK_BASES.search(b):
+                return True
+            local = self.symbols.classes.get(b)
+            if local is not None and local is not cls and depth < 6 and self.framework_class(local, depth + 1):
+                return True
         return False
 
     def eval_name(self, scope: Scope) -> bool:

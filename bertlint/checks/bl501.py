@@ -279,6 +279,11 @@ def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
     training = training_cache[0]
     recv = tuple(r for r in (forward_receiver(c) for c in flow.calls_in(loop) if flow.is_forward(c)) if r)
     why = None if training else eval_reason(flow, loop, recv)
+    site = flow.evaluation_call(loop) if training and flow.has_backward(loop) else None
+    if site is not None:  # a shared `run_epoch(loader, train=False)`: this call evaluates
+        training = False
+        why = (f"when called as `{ctx.module.code_for_node(site)}` at line {ctx.span(site)[0].row}, which skips "
+               f"every backward of the loop")
     if not training and why is None:
         # neither training nor evaluating: only when nothing in the scope trains
         node = scope if scope is not None else flow.module

@@ -197,12 +197,22 @@ def check(ctx) -> None:
             continue
         if any(flow.grad_state(c) != ENABLED for c in fwds):
             continue
-        if flow.has_backward(loop) or _uses_gradients(flow, loop) or flow.passes_optimizer(loop):
+        site = None
+        if flow.has_backward(loop):
+            # a shared `run_epoch(loader, train=False)`: judged per call site
+            site = flow.evaluation_call(loop)
+            if site is None:
+                continue
+        if _uses_gradients(flow, loop) or flow.passes_optimizer(loop) and site is None:
             continue
         receivers = {forward_receiver(c) or "" for c in fwds}
         if any(frozen(flow, r) for r in receivers if r):
             continue
-        why = eval_reason(flow, loop, receivers)
+        if site is not None:
+            why = (f"when called as `{ctx.module.code_for_node(site)}` at line {ctx.span(site)[0].row}, which skips "
+                   f"every backward and optimizer step of the loop")
+        else:
+            why = eval_reason(flow, loop, receivers)
         if why is None:
             continue
         # results that flow into a backward of the same scope make this a (deferred) training loop
@@ -225,7 +235,7 @@ def check(ctx) -> None:
                 continue  # returned to callers we cannot see
         else:
             seeds = loop_accumulators(flow, loop)
-        if bnames and flow.derived(seeds, scope, after=loop) & bnames:
+        if bnames and site is None and flow.derived(seeds, scope, after=loop) & bnames:
             continue
         # results handed to the callers, one of which runs a backward on them (eval mode kept for dropout / BN)
         leaves = (isinstance(loop, cst.SimpleStatementLine) and returned) or _returned(flow, scope, seeds, loop)
@@ -235,7 +245,7 @@ def check(ctx) -> None:
         fwd_text = ctx.module.code_for_node(fwd.func)
         expr = no_grad_expr(ctx.symbols)
         fix = None
-        if expr is not None:
+        if expr is not None and site is None:
             edits = wrap_in_no_grad(ctx, loop, expr)
             if edits:
                 fix = ctx.fix(f"Wrap the evaluation loop in `with {expr}:`", edits, Applicability.SAFE)
@@ -245,8 +255,10 @@ def check(ctx) -> None:
             f"`{fwd_text}(...)` runs in an evaluation loop ({why}) with autograd on: every forward records its "
             f"graph and saves activations for a backward that never comes ({SAVED_PER_BATCH} per batch of 8x64 "
             f"tokens for a 2-layer BERT, 0 under no_grad; torch 2.x). `{model}.eval()` only switches dropout and "
-            f"normalisation to inference behaviour, it does not turn gradients off. Wrap the loop in "
-            f"`with torch.no_grad():` (or `torch.inference_mode()`).",
+            f"normalisation to inference behaviour, it does not turn gradients off. "
+            + (f"Wrap the loop in `with torch.set_grad_enabled(<the training flag>):` so the evaluation calls run "
+               f"without a graph." if site is not None else
+               f"Wrap the loop in `with torch.no_grad():` (or `torch.inference_mode()`)."),
             fix=fix,
             data={"statement_row": ctx.span(loop)[0].row, "loop_row": ctx.span(loop)[0].row,
                   "model": model, "reason": why},
