@@ -37,6 +37,13 @@ class FileContext:
         return Resolver(self.symbols)
 
     @cached_property
+    def roles(self):
+        """Who is the optimizer / scheduler / model ... from usage, with evidence (``bertlint/analysis/roles.py``)."""
+        from bertlint.analysis import roles
+
+        return roles.build(self)
+
+    @cached_property
     def versions(self):
         """Target versions (transformers, accelerate, deepspeed, torch, lightning, peft), each with ``.source``."""
         from bertlint.analysis import versions

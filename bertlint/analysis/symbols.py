@@ -119,6 +119,15 @@ class SymbolTable(cst.CSTVisitor):
         self.module_funcs: dict[str, list[cst.FunctionDef]] = {}  # module-level functions only
         self._scope: list[cst.CSTNode] = []
         self._loop_stack: list[list] = [[]]
+        # for bertlint/analysis/roles.py, collected in the same walk
+        self.scope_parent: dict[int, Optional[cst.CSTNode]] = {}  # id(def/class) -> enclosing def/class (None: module)
+        self.returns: dict[int, list[cst.BaseExpression]] = {}  # id(FunctionDef) -> returned expressions
+        self.stmt_calls: list[tuple[cst.Call, FuncNode]] = []  # calls that are a whole statement (``model.to(dev)``)
+        self.defs: list[cst.CSTNode] = []  # every FunctionDef / ClassDef in pre-order
+        self.backward_calls: list[tuple[cst.Call, FuncNode]] = []  # ``<anything>.backward(...)`` / ``manual_backward``
+        # for Resolver.fact: bindings that make a name's value not a single assignment
+        self.aug_assigns: dict[str, list[tuple[cst.AugAssign, FuncNode]]] = {}  # ``x += 1``
+        self.item_assigns: dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression, FuncNode]]] = {}  # d[k] = v
 
     # ---- imports
     def visit_Import(self, node: cst.Import) -> None:
@@ -151,6 +160,8 @@ class SymbolTable(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.setdefault(node.name.value, []).append(node)
         parent = self._scope[-1] if self._scope else None
+        self.scope_parent[id(node)] = parent
+        self.defs.append(node)
         if isinstance(parent, cst.ClassDef):
             self.method_class[id(node)] = parent
             self.class_methods.setdefault(parent.name.value, {})[node.name.value] = node
@@ -182,6 +193,8 @@ class SymbolTable(cst.CSTVisitor):
         self._loop_stack[-1].pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.scope_parent[id(node)] = self._scope[-1] if self._scope else None
+        self.defs.append(node)
         self.classes[node.name.value] = node
         self.class_methods.setdefault(node.name.value, {})
         self._scope.append(node)
@@ -217,6 +230,15 @@ class SymbolTable(cst.CSTVisitor):
         name = dotted(target)
         if name:
             self.assignments.setdefault(name, []).append(Assignment(name, value, func, node))
+        elif isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+            owner = dotted(target.value)
+            if owner:
+                self.item_assigns.setdefault(owner, []).append((target.slice[0].slice.value, value, func))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        name = dotted(node.target)
+        if name:
+            self.aug_assigns.setdefault(name, []).append((node, self._func_stack[-1] if self._func_stack else None))
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
@@ -229,8 +251,19 @@ class SymbolTable(cst.CSTVisitor):
         if node.value is not None and not self._class_stack or (self._func_stack and node.value is not None):
             self._add(node.target, node.value, node)
 
+    def visit_Return(self, node: cst.Return) -> None:
+        if self._func_stack and node.value is not None:
+            self.returns.setdefault(id(self._func_stack[-1]), []).append(node.value)
+
+    def visit_Expr(self, node: cst.Expr) -> None:
+        if isinstance(node.value, cst.Call):
+            self.stmt_calls.append((node.value, self._func_stack[-1] if self._func_stack else None))
+
     def visit_Call(self, node: cst.Call) -> None:
         name = call_name(node)
+        f = node.func
+        if isinstance(f, cst.Attribute) and f.attr.value in ("backward", "manual_backward"):
+            self.backward_calls.append((node, self._func_stack[-1] if self._func_stack else None))
         if name:
             self.calls.append((node, name, self._func_stack[-1] if self._func_stack else None))
         if name and name.endswith("add_argument"):
@@ -419,6 +452,551 @@ class Resolver:
                 return UNKNOWN
         return first
 
+    # ------------------------------------------------------------------ facts: a value with where it came from
+    def fact(self, expr: Optional[cst.BaseExpression], func: FuncNode = None) -> "Fact":
+        """The value of ``expr`` read in ``func`` with its source (see :class:`Fact`). Unlike ``value``, a
+        parameter of a function, or an attribute of an object passed in, is UNKNOWN (never a default): only
+        the file's own argparse / dataclass definitions give ``args.x`` a (launch-overridable) default."""
+        try:
+            return self._fact(expr, func, 0)
+        except RecursionError:
+            return Fact(UNKNOWN, "unknown: too deep", expr, "unknown")
+
+    def call_kwargs(self, call: cst.Call, func: FuncNode = None) -> dict[str, "Fact"]:
+        """Each keyword of ``call`` with its Fact, those from ``**{...}`` / ``**kwargs_dict`` / ``**dict(...)``
+        included (later ones win, as in Python). A ``**x`` that cannot be read adds the key ``"**"`` (an UNKNOWN
+        Fact): any other keyword may then be set too."""
+        out: dict[str, Fact] = {}
+        for a in call.args:
+            if a.keyword is not None:
+                out[a.keyword.value] = self.fact(a.value, func)
+            elif a.star == "**":
+                items = self._dict_items(a.value, func, 0)
+                if items is None:
+                    out["**"] = Fact(UNKNOWN, f"unknown: `**{_short(a.value)}` could not be read", a.value, "unknown")
+                else:
+                    out.update(items)
+        return out
+
+    def _dict_items(self, expr: cst.BaseExpression, func: FuncNode, d: int) -> Optional[dict[str, "Fact"]]:
+        """Per-key facts of a dict expression: a dict literal, ``dict(a=...)``, a name holding one."""
+        if d > 8:
+            return None
+        if isinstance(expr, cst.Dict):
+            out: dict[str, Fact] = {}
+            for el in expr.elements:
+                if isinstance(el, cst.DictElement):
+                    k = literal(el.key)
+                    if not isinstance(k, str):
+                        return None
+                    f = self._fact(el.value, func, d + 1)
+                    out[k] = Fact(f.value, f"dict literal key {k!r}" + ("" if f.kind == "literal" else f" ({f.source})"),
+                                  f.node if f.kind != "literal" else el.value, f.kind)
+                else:
+                    sub = self._dict_items(el.value, func, d + 1)
+                    if sub is None:
+                        return None
+                    out.update(sub)
+            return out
+        if isinstance(expr, cst.Call) and (call_name(expr) or "") == "dict":
+            out = {}
+            for a in expr.args:
+                if a.keyword is not None:
+                    f = self._fact(a.value, func, d + 1)
+                    out[a.keyword.value] = Fact(f.value, f"dict(...) key {a.keyword.value!r}" +
+                                                ("" if f.kind == "literal" else f" ({f.source})"), f.node or a.value, f.kind)
+                elif a.star == "**" or a.star == "":
+                    sub = self._dict_items(a.value, func, d + 1)
+                    if sub is None:
+                        return None
+                    out.update(sub)
+            return out
+        name = dotted(expr)
+        if name is None:
+            return None
+        if self._param_owner(name, func):
+            return None
+        if name in self.t.aug_assigns:
+            return None
+        assigns = self.t.assignments_of(name, func)
+        if len(assigns) != 1:
+            return None
+        items = self._dict_items(assigns[0].value, assigns[0].func, d + 1)
+        if items is None:
+            return None
+        for key_expr, _v, _f in self.t.item_assigns.get(name, []):
+            k = literal(key_expr)
+            if not isinstance(k, str):
+                return None
+            items[k] = Fact(UNKNOWN, f"unknown: `{name}[{k!r}]` is assigned separately", key_expr, "unknown")
+        for call, cname, _f in self.t.calls:
+            if cname in (f"{name}.update", f"{name}.setdefault", f"{name}.pop"):
+                return None
+        return items
+
+    def _param_owner(self, name: str, func: FuncNode) -> Optional[cst.FunctionDef]:
+        """The function (``func`` or an enclosing one) whose parameter the head of ``name`` is, when the name is
+        not re-bound in that function's body."""
+        head = name.split(".")[0]
+        f: Any = func
+        parents = getattr(self.t, "scope_parent", {})
+        while f is not None:
+            if isinstance(f, cst.FunctionDef):
+                for a in self.t.assignments.get(head, []):
+                    if a.func is f:
+                        return None
+                if head in _param_names(f):
+                    return f
+            f = parents.get(id(f))
+        return None
+
+    def _fact(self, expr: Optional[cst.BaseExpression], func: FuncNode, d: int) -> "Fact":
+        if expr is None:
+            return Fact(UNKNOWN, "unknown: no expression", None, "unknown")
+        if d > 14:
+            return Fact(UNKNOWN, "unknown: too deep", expr, "unknown")
+        lit = literal(expr)
+        if lit is not UNKNOWN or (isinstance(expr, cst.Name) and expr.value == "None"):
+            return Fact(lit, "literal", expr, "literal")
+        d += 1
+        if isinstance(expr, cst.Name):
+            return self._fact_name(expr.value, expr, func, d)
+        if isinstance(expr, cst.Attribute):
+            return self._fact_attr(expr, func, d)
+        if isinstance(expr, cst.UnaryOperation):
+            f = self._fact(expr.expression, func, d)
+            if not f.known:
+                return f
+            op = type(expr.operator).__name__
+            try:
+                v = {"Not": lambda x: not x, "Minus": lambda x: -x, "Plus": lambda x: +x,
+                     "BitInvert": lambda x: ~x}[op](f.value)
+            except Exception:
+                return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+            return Fact(v, f.source, f.node, f.kind)
+        if isinstance(expr, cst.BooleanOperation):
+            left = self._fact(expr.left, func, d)
+            is_and = isinstance(expr.operator, cst.And)
+            if left.known:
+                if is_and and not left.value or (not is_and and left.value):
+                    return left
+                right = self._fact(expr.right, func, d)
+                return Fact(right.value, _join(left, right), right.node, _weakest(left, right)) if right.known else right
+            return left
+        if isinstance(expr, cst.Comparison):
+            cur = self._fact(expr.left, func, d)
+            facts = [cur]
+            if not cur.known:
+                return cur
+            result = True
+            lv = cur.value
+            for t in expr.comparisons:
+                rf = self._fact(t.comparator, func, d)
+                if not rf.known:
+                    return rf
+                facts.append(rf)
+                op = type(t.operator).__name__
+                try:
+                    ok = {"Equal": lambda a, b: a == b, "NotEqual": lambda a, b: a != b,
+                          "LessThan": lambda a, b: a < b, "LessThanEqual": lambda a, b: a <= b,
+                          "GreaterThan": lambda a, b: a > b, "GreaterThanEqual": lambda a, b: a >= b,
+                          "Is": lambda a, b: a is b, "IsNot": lambda a, b: a is not b,
+                          "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b}[op](lv, rf.value)
+                except Exception:
+                    return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+                result = result and bool(ok)
+                lv = rf.value
+            return Fact(result, _join(*facts), expr, _weakest(*facts))
+        if isinstance(expr, cst.IfExp):
+            test = self._fact(expr.test, func, d)
+            if test.known:
+                br = self._fact(expr.body if test.value else expr.orelse, func, d)
+                return Fact(br.value, _join(test, br), br.node, _weakest(test, br)) if br.known else br
+            a = self._fact(expr.body, func, d)
+            b = self._fact(expr.orelse, func, d)
+            if a.known and b.known and a.value == b.value and type(a.value) is type(b.value):
+                return Fact(a.value, _join(a, b), a.node, _weakest(a, b))
+            return Fact(UNKNOWN, f"unknown: depends on `{_short(expr.test)}` ({test.source})", expr, "unknown")
+        if isinstance(expr, cst.BinaryOperation):
+            a = self._fact(expr.left, func, d)
+            if not a.known:
+                return a
+            b = self._fact(expr.right, func, d)
+            if not b.known:
+                return b
+            op = type(expr.operator).__name__
+            x, y = a.value, b.value
+            try:
+                if op == "Add" and isinstance(x, (str, list, tuple)) and type(x) is type(y):
+                    v = x + y
+                elif not _num(x) or not _num(y):
+                    return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+                else:
+                    v = {
+                        "Add": lambda: x + y,
+                        "Subtract": lambda: x - y,
+                        "Multiply": lambda: x * y,
+                        "Divide": lambda: x / y,
+                        "FloorDivide": lambda: x // y,
+                        "Modulo": lambda: x % y,
+                        "Power": lambda: x**y if abs(y) < 64 else UNKNOWN,
+                    }.get(op, lambda: UNKNOWN)()
+            except Exception:
+                v = UNKNOWN
+            if v is UNKNOWN:
+                return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+            kind = _weakest(a, b)
+            return Fact(v, "computed" if kind == "literal" else f"computed from {_join(a, b)}", expr,
+                        kind if kind != "literal" else "literal")
+        if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+            el = expr.slice[0].slice
+            base = self.t.qualname(expr.value) or dotted(expr.value) or ""
+            if base in ("os.environ",):
+                return Fact(UNKNOWN, f"environment: `{_short(expr)}`", expr, "unknown")
+            if isinstance(el, cst.Index):
+                kf = self._fact(el.value, func, d)
+                if isinstance(kf.value, str):
+                    items = self._dict_items(expr.value, func, d)
+                    if items is not None and kf.value in items:
+                        return items[kf.value]
+                cf = self._fact(expr.value, func, d)
+                if cf.known and kf.known:
+                    try:
+                        return Fact(cf.value[kf.value], _join(cf, kf), cf.node, _weakest(cf, kf))
+                    except Exception:
+                        pass
+            return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+        if isinstance(expr, cst.Dict):
+            items = self._dict_items(expr, func, d)
+            if items is None:
+                return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+            facts = [f for f in items.values() if f.known]
+            return Fact({k: f.value for k, f in items.items()}, "dict literal", expr, _weakest(*facts) if facts else "literal")
+        if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+            v = self.value(expr, func)
+            if v is UNKNOWN:
+                return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+            return Fact(v, "literal", expr, "literal")
+        if isinstance(expr, cst.Call):
+            return self._fact_call(expr, func, d)
+        return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+
+    def _fact_call(self, expr: cst.Call, func: FuncNode, d: int) -> "Fact":
+        name = call_name(expr) or ""
+        q = self.t.qualname(expr.func) or name
+        pos = [a.value for a in expr.args if a.keyword is None and not a.star]
+        if name in ("int", "float", "bool", "str", "abs", "round") and len(pos) == 1 and len(expr.args) == 1:
+            f = self._fact(pos[0], func, d)
+            if not f.known:
+                return f
+            try:
+                fn = {"int": int, "float": float, "bool": bool, "str": str, "abs": abs, "round": round}[name]
+                return Fact(fn(f.value), f.source, f.node, f.kind)
+            except Exception:
+                return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+        if name in ("max", "min") and len(pos) >= 2 and len(pos) == len(expr.args):
+            facts = [self._fact(p, func, d) for p in pos]
+            for f in facts:
+                if not f.known:
+                    return f
+            try:
+                v = (max if name == "max" else min)(f.value for f in facts)
+            except Exception:
+                return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+            kind = _weakest(*facts)
+            return Fact(v, "computed" if kind == "literal" else f"computed from {_join(*facts)}", expr, kind)
+        if q in ("os.environ.get", "os.getenv") or name in ("os.environ.get", "os.getenv", "environ.get"):
+            key = literal(pos[0]) if pos else UNKNOWN
+            dflt = pos[1] if len(pos) > 1 else kwarg(expr, "default")
+            if dflt is None:
+                return Fact(UNKNOWN, f"environment: {key if isinstance(key, str) else '?'} (no default)", expr, "unknown")
+            f = self._fact(dflt, func, d)
+            if not f.known:
+                return f
+            return Fact(f.value, f"environment variable {key if isinstance(key, str) else '?'} (default {f.value!r})",
+                        expr, "environment")
+        if name == "getattr" and len(pos) >= 2:
+            attr = literal(pos[1])
+            owner = dotted(pos[0])
+            if isinstance(attr, str) and owner:
+                got = self._fact_attr(cst.Attribute(value=pos[0], attr=cst.Name(attr)), func, d) if attr.isidentifier() \
+                    else Fact(UNKNOWN, "unknown", expr, "unknown")
+                if got.known or len(pos) < 3:
+                    return got
+                if got.source.startswith("unknown: no"):
+                    return self._fact(pos[2], func, d)
+                return got
+        if name == "dict" or isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "get":
+            if name == "dict":
+                items = self._dict_items(expr, func, d)
+                if items is None:
+                    return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+                vals = {k: f.value for k, f in items.items()}
+                facts = [f for f in items.values() if f.known]
+                return Fact(vals, "dict(...)", expr, _weakest(*facts) if facts else "literal")
+            items = self._dict_items(expr.func.value, func, d)  # type: ignore[union-attr]
+            key = self._fact(pos[0], func, d) if pos else None
+            if items is not None and key is not None and isinstance(key.value, str):
+                if key.value in items:
+                    return items[key.value]
+                dflt = pos[1] if len(pos) > 1 else None
+                if dflt is None:
+                    return Fact(None, f"`.get({key.value!r})` of a dict without that key", expr, "literal")
+                return self._fact(dflt, func, d)
+            return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+        # a same-file function without parameters that returns one value
+        if isinstance(expr.func, cst.Name) and not expr.args:
+            defs = getattr(self.t, "module_funcs", {}).get(expr.func.value, [])
+            if len(defs) == 1 and not _param_names(defs[0]):
+                rets = getattr(self.t, "returns", {}).get(id(defs[0]), [])
+                if len(rets) == 1:
+                    f = self._fact(rets[0], defs[0], d)
+                    if f.known:
+                        return Fact(f.value, f"returned by {expr.func.value}() ({f.source})", f.node, f.kind)
+        return Fact(UNKNOWN, f"unknown: result of `{_short(expr.func)}(...)`", expr, "unknown")
+
+    def _fact_name(self, name: str, node: cst.CSTNode, func: FuncNode, d: int) -> "Fact":
+        owner = self._param_owner(name, func)
+        if owner is not None:
+            return Fact(UNKNOWN, f"unknown: parameter of {owner.name.value}()", node, "unknown")
+        if name in self.t.aug_assigns:
+            return Fact(UNKNOWN, f"unknown: `{name}` is updated in place", node, "unknown")
+        if self._rebound(name, func):
+            return Fact(UNKNOWN, f"unknown: `{name}` is bound by a loop or an unpacking", node, "unknown")
+        assigns = self._visible_assigns(name, func)
+        if not assigns:
+            if name in self.t.imports:
+                return Fact(UNKNOWN, f"unknown: imported from {self.t.imports[name]}", node, "unknown")
+            return Fact(UNKNOWN, f"unknown: `{name}` is not assigned in this file", node, "unknown")
+        facts = [self._fact(a.value, a.func, d) for a in assigns]
+        first = facts[0]
+        if not first.known:
+            return first
+        for f in facts[1:]:
+            if not f.known:
+                return f
+            if f.value != first.value or type(f.value) is not type(first.value):
+                return Fact(UNKNOWN, f"unknown: `{name}` is assigned different values", node, "unknown")
+        if first.kind == "literal" and first.source == "literal":
+            return Fact(first.value, f"literal (`{name} = {_short(assigns[0].value)}`)", assigns[0].value, "literal")
+        return first
+
+    def _visible_assigns(self, name: str, func: FuncNode) -> list:
+        """Assignments of ``name`` visible from ``func``: its own, then its enclosing functions', then the
+        module's (a name assigned in some other function is not visible)."""
+        all_ = self.t.assignments.get(name, [])
+        f: Any = func
+        parents = getattr(self.t, "scope_parent", {})
+        while f is not None:
+            if isinstance(f, cst.FunctionDef):
+                local = [a for a in all_ if a.func is f]
+                if local:
+                    return local
+            f = parents.get(id(f))
+        if "." in name and name.split(".")[0] in ("self", "cls"):
+            # attributes: every method's assignment of self.x counts
+            cls = self._class_of(func)
+            return [a for a in all_ if a.func is not None and self._class_of(a.func) is cls] if cls is not None else []
+        return [a for a in all_ if a.func is None]
+
+    def _class_of(self, func: Any) -> Optional[cst.ClassDef]:
+        parents = getattr(self.t, "scope_parent", {})
+        f = func
+        while f is not None:
+            if isinstance(f, cst.ClassDef):
+                return f
+            f = parents.get(id(f))
+        return None
+
+    def _rebound(self, name: str, func: FuncNode) -> bool:
+        memo = self.__dict__.setdefault("_rebound_memo", None)
+        if memo is None:
+            memo = set()
+            for names, _call, f in self.t.unpacks:
+                for n in names:
+                    if n:
+                        memo.add((n, id(f) if f is not None else 0))
+            for node, f, _ in self.t.loop_nodes:
+                if isinstance(node, cst.For):
+                    for n in _target_names(node.target):
+                        memo.add((n, id(f) if f is not None else 0))
+            self._rebound_memo = memo
+        scope = func
+        while scope is not None and not isinstance(scope, cst.FunctionDef):
+            scope = getattr(self.t, "scope_parent", {}).get(id(scope))
+        if (name, id(func) if func is not None else 0) in memo:
+            return True
+        return func is not None and not self._visible_local(name, func) and (name, 0) in memo
+
+    def _visible_local(self, name: str, func: Any) -> bool:
+        return any(a.func is func for a in self.t.assignments.get(name, []))
+
+    def _fact_attr(self, expr: cst.Attribute, func: FuncNode, d: int) -> "Fact":
+        name = dotted(expr)
+        if name is None:
+            return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+        attr = expr.attr.value
+        owner = name.rsplit(".", 1)[0]
+        own_assigns = self._visible_assigns(name, func)
+        if own_assigns and name not in self.t.aug_assigns:
+            facts = [self._fact(a.value, a.func, d) for a in own_assigns]
+            if all(f.known for f in facts) and len({repr(f.value) for f in facts}) == 1:
+                return facts[0]
+            if len(own_assigns) == 1 or not facts[0].known:
+                return facts[0] if not facts[0].known else Fact(UNKNOWN, f"unknown: `{name}` is assigned different values", expr, "unknown")
+        hf = self._hf_dataclass_of(owner, func)
+        if hf is not None:
+            return self._hf_fact(hf, attr, expr, d)
+        pown = self._param_owner(owner, func)
+        if pown is not None:
+            if _ARGS_LIKE.match(owner.split(".")[-1]) or self._passed_cli(pown, owner):
+                cli = self._cli_fact(attr, expr, d)
+                if cli is not None:
+                    return cli
+            return Fact(UNKNOWN, f"unknown: attribute of `{owner}`, a parameter of {pown.name.value}()", expr, "unknown")
+        made = self._visible_assigns(owner, func)
+        if not made:
+            if any(owner in names for names, _c, _f in self.t.unpacks):
+                for names, c, _f in self.t.unpacks:
+                    if owner in names and (call_name(c) or "").endswith("parse_known_args"):
+                        cli = self._cli_fact(attr, expr, d)
+                        if cli is not None:
+                            return cli
+                return Fact(UNKNOWN, f"unknown: `{owner}` is bound by an unpacking", expr, "unknown")
+            cli = self._cli_fact(attr, expr, d)
+            if cli is not None:
+                return cli
+            return Fact(UNKNOWN, f"unknown: `{name}`", expr, "unknown")
+        if len(made) == 1 and isinstance(made[0].value, cst.Call):
+            ctor = made[0].value
+            cname = call_name(ctor) or ""
+            if cname.endswith(("parse_args", "parse_known_args")):
+                cli = self._cli_fact(attr, expr, d)
+                if cli is not None:
+                    return cli
+                return Fact(UNKNOWN, f"unknown: `{attr}` is not an option of this file's parser", expr, "unknown")
+            # obj.x where obj = Ctor(..., x=value)
+            kws = self.call_kwargs(ctor, made[0].func)
+            if attr in kws:
+                return kws[attr]
+            if cname in self.t.classes:
+                ff = self._field_default(cname, attr, d)
+                if ff is not None:
+                    return ff
+            if "**" in kws:
+                return kws["**"]
+            return Fact(UNKNOWN, f"unknown: `{attr}` is not passed to `{_short(ctor.func)}(...)` (its default applies)",
+                        ctor, "unknown")
+        return Fact(UNKNOWN, f"unknown: `{name}`", expr, "unknown")
+
+    def _passed_cli(self, fn: cst.FunctionDef, owner: str) -> bool:
+        """Every same-file call of ``fn`` passes a ``parse_args()`` result as ``owner``."""
+        names = _param_names(fn)
+        if owner not in names:
+            return False
+        i = names.index(owner)
+        if fn.name.value not in getattr(self.t, "module_funcs", {}):
+            return False
+        seen = False
+        for call, cname, f in self.t.calls:
+            if cname != fn.name.value:
+                continue
+            arg = positional(call, i) or kwarg(call, owner)
+            dn = dotted(arg) if arg is not None else None
+            if not dn:
+                return False
+            made = self._visible_assigns(dn, f)
+            ok = len(made) == 1 and isinstance(made[0].value, cst.Call) and (call_name(made[0].value) or "").endswith(
+                ("parse_args", "parse_known_args"))
+            if not ok:
+                return False
+            seen = True
+        return seen
+
+    def _hf_fact(self, cls: str, attr: str, expr, d: int) -> "Fact":
+        ff = self._field_default(cls, attr, d)
+        if ff is not None:
+            return ff
+        for b in self.t.class_bases.get(cls, []):
+            ff = self._field_default(b, attr, d)
+            if ff is not None:
+                return ff
+        return Fact(UNKNOWN, f"unknown: `{attr}` of {cls} (command line; the library's default)", expr, "unknown")
+
+    def _cli_fact(self, attr: str, expr, d: int) -> Optional["Fact"]:
+        """``args.attr`` from this file's argparse options or (unique) dataclass field defaults."""
+        if attr in self.t.argparse:
+            opt = self.t.argparse[attr]
+            flag = _flag_of(opt)
+            action = literal(kwarg(opt.call, "action")) if kwarg(opt.call, "action") is not None else None
+            dflt = kwarg(opt.call, "default")
+            if dflt is None:
+                if action in ("store_true", "store_false"):
+                    return Fact(action == "store_false", f"argparse {action} {flag} (off unless passed)", opt.call, "default")
+                if kwarg(opt.call, "required") is not None and literal(kwarg(opt.call, "required")) is True:
+                    return Fact(UNKNOWN, f"unknown: required argparse option {flag}", opt.call, "unknown")
+                return Fact(None, f"argparse default of {flag} (None)", opt.call, "default")
+            f = self._fact(dflt, None, d)
+            if not f.known:
+                return Fact(UNKNOWN, f"unknown: argparse default of {flag} ({f.source})", opt.call, "unknown")
+            v = f.value
+            tname = opt.type_name
+            if tname in ("int", "float") and isinstance(v, str):
+                try:
+                    v = int(v) if tname == "int" else float(v)
+                except ValueError:
+                    pass
+            return Fact(v, f"argparse default of {flag}", opt.call, "default")
+        fields = self.t.dataclass_fields.get(attr)
+        if fields:
+            facts = [self._fact(v, None, d) for _, v in fields]
+            if all(f.known for f in facts) and len({repr(f.value) for f in facts}) == 1:
+                return Fact(facts[0].value, f"dataclass field default ({fields[0][0]}.{attr})", fields[0][1], "default")
+            return Fact(UNKNOWN, f"unknown: dataclass field `{attr}` has different defaults", expr, "unknown")
+        return None
+
+    def _field_default(self, cls: str, attr: str, d: int) -> Optional["Fact"]:
+        for c, v in self.t.dataclass_fields.get(attr, []):
+            if c == cls:
+                f = self._fact(v, None, d)
+                if not f.known:
+                    return Fact(UNKNOWN, f"unknown: default of {cls}.{attr} ({f.source})", v, "unknown")
+                return Fact(f.value, f"dataclass field default ({cls}.{attr})", v, "default")
+        return None
+
+    def _hf_dataclass_of(self, owner: str, func) -> Optional[str]:
+        if "." in owner:
+            return None
+        for names, call, f in self.t.unpacks:
+            if owner in names and (call_name(call) or "").endswith(
+                    ("parse_args_into_dataclasses", "parse_json_file", "parse_yaml_file", "parse_dict")):
+                idx = names.index(owner)
+                return self._hf_parser_class(call, idx, f)
+        for a in self._visible_assigns(owner, func):
+            v = a.value
+            if isinstance(v, cst.Subscript) and isinstance(v.value, cst.Call):
+                i = literal(v.slice[0].slice.value) if isinstance(v.slice[0].slice, cst.Index) else None
+                if isinstance(i, int) and (call_name(v.value) or "").endswith("parse_args_into_dataclasses"):
+                    return self._hf_parser_class(v.value, i, a.func)
+        return None
+
+    def _hf_parser_class(self, call: cst.Call, idx: int, func) -> Optional[str]:
+        recv = call.func.value if isinstance(call.func, cst.Attribute) else None
+        pcall = recv if isinstance(recv, cst.Call) else None
+        if pcall is None and recv is not None:
+            rn = dotted(recv)
+            made = self._visible_assigns(rn, func) if rn else []
+            if len(made) == 1 and isinstance(made[0].value, cst.Call):
+                pcall = made[0].value
+        if pcall is None or not pcall.args:
+            return None
+        tup = pcall.args[0].value
+        if isinstance(tup, (cst.Tuple, cst.List)):
+            if idx < len(tup.elements):
+                return dotted(tup.elements[idx].value)
+            return None
+        return dotted(tup) if idx == 0 else None
+
     def int_value(self, expr, func: FuncNode = None) -> Optional[int]:
         v = self.value(expr, func)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -436,3 +1014,98 @@ def build(module: cst.Module) -> SymbolTable:
     t = SymbolTable()
     walk(module, t)
     return t
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A value read statically, with where it came from.
+
+    ``value``: the Python value, or UNKNOWN. ``source``: "literal", "literal (`N = 4`)", "argparse default of
+    --grad-accum", "argparse store_true --fp16 (off unless passed)", "dataclass field default (Args.x)",
+    "dict literal key 'x'", "environment variable GA (default 4)", "computed from ...", or
+    "unknown: parameter of train()" / "unknown: ..." when UNKNOWN. ``kind``: "literal" (fixed in the code),
+    "default" (an argparse / dataclass default: the command line may override it), "environment" (an
+    environment variable's default), "unknown". ``node``: where the value is written (for a line number:
+    ``fact.describe(ctx)``)."""
+
+    value: Any
+    source: str
+    node: Optional[cst.CSTNode] = field(default=None, repr=False, compare=False)
+    kind: str = "literal"
+
+    @property
+    def known(self) -> bool:
+        return self.value is not UNKNOWN
+
+    @property
+    def definite(self) -> bool:
+        """Known and fixed in the code (not a default the launch may override)."""
+        return self.known and self.kind == "literal"
+
+    def describe(self, ctx: Any = None) -> str:
+        """``source`` with the line of ``node`` when a FileContext is given: "argparse default of --x (line 40)"."""
+        if ctx is None or self.node is None:
+            return self.source
+        try:
+            line = ctx.span(self.node)[0].row
+        except Exception:
+            return self.source
+        return f"{self.source} (line {line})"
+
+
+_ARGS_LIKE = __import__("re").compile(
+    r"^(args|arg|opt|opts|options|cfg|config|conf|hparams|hp|params|flags|FLAGS|argv|arguments|\w+_args|args_\w+|\w+_cfg|\w+_config)$"
+)
+
+_KIND_ORDER = {"literal": 0, "default": 1, "environment": 2, "unknown": 3}
+
+
+def _weakest(*facts: "Fact") -> str:
+    return max((f.kind for f in facts), key=lambda k: _KIND_ORDER.get(k, 3)) if facts else "literal"
+
+
+def _join(*facts: "Fact") -> str:
+    out: list[str] = []
+    for f in facts:
+        if f.source not in out and not f.source.startswith("literal"):
+            out.append(f.source)
+    return " and ".join(out) if out else "literal"
+
+
+def _short(node: cst.CSTNode) -> str:
+    s = code_of(node).strip()
+    return s if len(s) <= 50 else s[:47] + "..."
+
+
+def _param_names(fn: cst.FunctionDef) -> list[str]:
+    p = fn.params
+    out = [x.name.value for x in list(p.posonly_params) + list(p.params) + list(p.kwonly_params)]
+    for star in (p.star_arg, p.star_kwarg):
+        if isinstance(star, cst.Param):
+            out.append(star.name.value)
+    return out
+
+
+def _target_names(t: cst.BaseExpression) -> list[str]:
+    if isinstance(t, cst.Name):
+        return [t.value]
+    if isinstance(t, (cst.Tuple, cst.List)):
+        out: list[str] = []
+        for el in t.elements:
+            out.extend(_target_names(el.value))
+        return out
+    return []
+
+
+def _flag_of(opt: "ArgOption") -> str:
+    for a in opt.call.args:
+        if a.keyword is None:
+            s = literal(a.value)
+            if isinstance(s, str) and s.startswith("--"):
+                return s
+    for a in opt.call.args:
+        if a.keyword is None:
+            s = literal(a.value)
+            if isinstance(s, str):
+                return s
+    return f"--{opt.dest}"

@@ -1,0 +1,276 @@
+"""Roles from usage (bertlint/analysis/roles.py): small programs of our own, bad/good shapes."""
+
+import textwrap
+
+import libcst as cst
+
+from bertlint.analysis import roles, symbols
+
+
+def _roles(src: str):
+    t = symbols.build(cst.parse_module(textwrap.dedent(src)))
+    return t, roles.Roles(t)
+
+
+def _fn(t, name):
+    return t.functions[name][0]
+
+
+def test_optimizer_from_same_file_factory():
+    t, r = _roles("""
+        import torch
+        def make_optimizer(model, lr):
+            return torch.optim.AdamW(model.parameters(), lr=lr)
+        def main():
+            model = torch.nn.Linear(2, 2)
+            opt = make_optimizer(model, 1e-3)
+    """)
+    role = r.of("opt", _fn(t, "main"))
+    assert role.role == "optimizer" and role.confident
+    assert role.qualname == "torch.optim.AdamW"
+    assert "make_optimizer" in role.why
+
+
+def test_optimizer_class_held_in_variable():
+    t, r = _roles("""
+        import torch
+        from transformers import Adafactor
+        def main(args, model):
+            optimizer_cls = torch.optim.AdamW if args.adamw else Adafactor
+            opt = optimizer_cls(model.parameters(), lr=1e-4)
+            other = getattr(torch.optim, args.name)(model.parameters(), lr=1e-4)
+    """)
+    main = _fn(t, "main")
+    assert r.role("opt", main) == "optimizer" and r.of("opt", main).confident
+    assert r.role("other", main) == "optimizer"
+
+
+def test_fairseq_style_build_optimizer_stepped_near_backward():
+    t, r = _roles("""
+        from myproject.utils import build_optimizer
+        def train(cfg, model, loader):
+            params = list(filter(lambda p: p.requires_grad, model.parameters()))
+            optimizer = build_optimizer(cfg, params)
+            for batch in loader:
+                loss = model(batch)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    """)
+    role = r.of("optimizer", _fn(t, "train"))
+    assert role.role == "optimizer" and role.confident
+    assert any(e.kind == "usage" for e in role.evidence)
+
+
+def test_self_optimizer_set_in_init_and_read_in_another_method():
+    t, r = _roles("""
+        import torch
+        from transformers import get_scheduler
+        class Runner:
+            def __init__(self, model):
+                self.model = model
+                self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+                self.sched = get_scheduler("linear", self.opt, 10, 100)
+            def train_step(self, batch):
+                loss = self.model(batch).loss
+                loss.backward()
+                self.opt.step()
+                self.sched.step()
+    """)
+    step = _fn(t, "train_step")
+    assert r.role("self.opt", step) == "optimizer"
+    assert r.role("self.sched", step) == "scheduler"
+    assert r.role("self.model", step) == "model"  # produces the loss that reaches backward
+
+
+def test_scheduler_from_project_helper_built_on_optimizer():
+    t, r = _roles("""
+        import torch
+        from myproject.lr import build_lr_scheduler
+        def main(model):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            s = build_lr_scheduler(opt, warmup=100)
+    """)
+    assert r.role("s", _fn(t, "main")) == "scheduler"
+
+
+def test_pipeline_is_not_a_model():
+    t, r = _roles("""
+        from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+        from transformers import AutoTokenizer
+        def main():
+            pipe = StableDiffusionPipeline.from_pretrained("x")
+            unet = UNet2DConditionModel.from_pretrained("x", subfolder="unet")
+            tok = AutoTokenizer.from_pretrained("x")
+            images = pipe("a prompt")
+            out = unet(1, 2, 3)
+    """)
+    main = _fn(t, "main")
+    assert r.role("pipe", main) == "pipeline"
+    assert r.role("unet", main) == "model"
+    assert r.role("tok", main) == "other"
+    calls = {symbols.call_name(c): c for c, n, f in t.calls}
+    assert r.is_forward(calls["pipe"], main) is False
+    assert r.is_forward(calls["unet"], main) is True
+
+
+def test_self_call_in_module_method_is_a_forward():
+    t, r = _roles("""
+        import torch.nn as nn
+        class Base(nn.Module):
+            pass
+        class Net(Base):
+            def forward(self, x):
+                return x
+            def training_loss(self, x):
+                return self(x).sum() + self.forward(x).sum()
+        class NotAModule:
+            def run(self, x):
+                return self(x)
+    """)
+    fwd = _fn(t, "training_loss")
+    calls = [c for c, n, f in t.calls if n in ("self", "self.forward") and f is fwd]
+    assert len(calls) == 2 and all(r.is_forward(c, fwd) is True for c in calls)
+    assert r.class_family(t.classes["Net"]) == "module"
+    assert r.class_base(t.classes["Net"]) == "torch.nn.Module"
+    run = _fn(t, "run")
+    bad = [c for c, n, f in t.calls if n == "self" and f is run]
+    assert r.is_forward(bad[0], run) is None
+
+
+def test_trainer_family_through_own_classes_and_imports():
+    t, r = _roles("""
+        from trl import SFTTrainer
+        import pytorch_lightning as pl
+        from transformers import Trainer
+        class MyBase(SFTTrainer):
+            pass
+        class Mine(MyBase):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                return model(**inputs).loss
+        class Lit(pl.LightningModule):
+            pass
+        class Plain:
+            pass
+    """)
+    assert r.class_family(t.classes["Mine"]) == "trainer"
+    assert r.class_base(t.classes["Mine"]) == "trl.SFTTrainer"
+    assert r.class_family(t.classes["Lit"]) == "lightning_module"
+    assert r.class_family(t.classes["Plain"]) is None
+
+
+def test_accelerate_prepare_unpacks_by_position():
+    t, r = _roles("""
+        import torch
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader
+        def main(model, ds):
+            accelerator = Accelerator()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            dl = DataLoader(ds)
+            model, opt, dl = accelerator.prepare(model, opt, dl)
+    """)
+    main = _fn(t, "main")
+    o = r.of("opt", main)
+    assert o.role == "optimizer"
+    assert r.role("dl", main) == "dataloader"
+    assert r.role("accelerator", main) == "accelerator"
+
+
+def test_deepspeed_initialize_positions():
+    t, r = _roles("""
+        import deepspeed
+        def main(model, opt):
+            engine, optimizer, _, lr_sched = deepspeed.initialize(model=model, optimizer=opt, config="ds.json")
+            engine.backward(loss)
+            engine.step()
+    """)
+    main = _fn(t, "main")
+    assert r.role("engine", main) == "deepspeed_engine"
+    assert r.of("optimizer", main).wrapped_by == "deepspeed"
+    assert r.role("lr_sched", main) == "scheduler"
+    assert r.role("opt", main) == "optimizer"  # handed to deepspeed.initialize(optimizer=)
+
+
+def test_scaler_step_argument_is_an_optimizer():
+    t, r = _roles("""
+        import torch
+        def main(model, thing, loader):
+            scaler = torch.cuda.amp.GradScaler()
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                scaler.step(thing)
+                scaler.update()
+    """)
+    main = _fn(t, "main")
+    assert r.role("scaler", main) == "grad_scaler"
+    assert r.role("thing", main) == "optimizer"
+
+
+def test_parameters_take_their_call_site_arguments_roles():
+    t, r = _roles("""
+        import torch
+        def train(m, o, data):
+            for x in data:
+                m(x).backward()
+                o.step()
+        def main():
+            model = torch.nn.Linear(2, 2)
+            train(model, torch.optim.SGD(model.parameters(), lr=0.1), [])
+    """)
+    tr = _fn(t, "train")
+    assert r.role("o", tr) == "optimizer"
+    assert r.role("m", tr) == "model"
+
+
+def test_name_is_the_last_hint_and_never_a_veto():
+    t, r = _roles("""
+        import torch
+        def main(opt_g, model):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            noise_scheduler = None
+            optimizer = make_thing()
+    """)
+    main = _fn(t, "main")
+    g = r.of("opt_g", main)
+    assert g.role == "optimizer" and not g.confident and g.evidence[0].kind == "name"
+    assert r.of("opt", main).confident
+    # a name hint alone stays low confidence
+    assert not r.of("optimizer", main).confident
+
+
+def test_diffusers_noise_scheduler_is_not_an_lr_scheduler():
+    t, r = _roles("""
+        from diffusers import DDPMScheduler
+        def main():
+            noise_scheduler = DDPMScheduler.from_pretrained("x", subfolder="scheduler")
+            lr_scheduler = DDPMScheduler(num_train_timesteps=10)
+    """)
+    main = _fn(t, "main")
+    assert r.role("noise_scheduler", main) == "other"
+    assert r.role("lr_scheduler", main) == "other"  # a constructor beats the name
+
+
+def test_for_loop_over_optimizers_list():
+    t, r = _roles("""
+        import torch
+        def main(g, d):
+            opt_g = torch.optim.Adam(g.parameters(), lr=2e-4)
+            opt_d = torch.optim.Adam(d.parameters(), lr=2e-4)
+            for o in [opt_g, opt_d]:
+                o.step()
+    """)
+    assert r.role("o", _fn(t, "main")) == "optimizer"
+    assert r.of("o", _fn(t, "main")).confident
+
+
+def test_all_lists_every_binding_of_a_role():
+    t, r = _roles("""
+        import torch
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        class A:
+            def __init__(self):
+                self.optimizer = torch.optim.Adam(self.parameters())
+    """)
+    paths = {p for _, p, _r in r.all("optimizer")}
+    assert {"opt", "self.optimizer"} <= paths

@@ -1,0 +1,154 @@
+"""The value evaluator with sources (``Resolver.fact`` / ``Resolver.call_kwargs``): unknown stays unknown."""
+
+import textwrap
+
+import libcst as cst
+
+from bertlint.analysis import symbols
+from bertlint.analysis.symbols import UNKNOWN
+
+
+def _r(src: str):
+    t = symbols.build(cst.parse_module(textwrap.dedent(src)))
+    return t, symbols.Resolver(t)
+
+
+def _fact(r, code, func=None):
+    return r.fact(cst.parse_expression(code), func)
+
+
+SCRIPT = """
+import argparse, os
+from dataclasses import dataclass, field
+from accelerate import Accelerator
+from transformers import HfArgumentParser, TrainingArguments
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--grad-accum", type=int, default=4)
+parser.add_argument("--fp16", action="store_true")
+parser.add_argument("--no-cache", dest="use_cache", action="store_false")
+parser.add_argument("--pbar_update_freq", type=int, default=10)
+args = parser.parse_args()
+
+@dataclass
+class MyArgs:
+    accum: int = field(default=8)
+
+hp = HfArgumentParser((MyArgs, TrainingArguments))
+my_args, training_args = hp.parse_args_into_dataclasses()
+
+ACC = 2
+kw = {"gradient_accumulation_steps": ACC * 2, "mixed_precision": "bf16" if args.fp16 else "no"}
+accelerator = Accelerator(**kw)
+env_acc = Accelerator(gradient_accumulation_steps=int(os.environ.get("GA", 3)))
+plain = Accelerator()
+
+def train(accelerator, n, args):
+    return accelerator.gradient_accumulation_steps
+"""
+
+
+def test_argparse_defaults_and_flags_with_sources():
+    t, r = _r(SCRIPT)
+    f = _fact(r, "args.grad_accum")
+    assert (f.value, f.kind) == (4, "default")
+    assert f.source == "argparse default of --grad-accum"
+    assert _fact(r, "args.fp16").value is False
+    assert _fact(r, "args.use_cache").value is True  # store_false
+    n = _fact(r, "not args.fp16")
+    assert n.value is True and "store_true --fp16" in n.source
+
+
+def test_pbar_update_freq_is_just_its_own_default():
+    t, r = _r(SCRIPT)
+    f = _fact(r, "args.pbar_update_freq")
+    assert f.value == 10 and "--pbar_update_freq" in f.source
+
+
+def test_accelerator_passed_in_as_parameter_is_unknown():
+    t, r = _r(SCRIPT)
+    train = t.module_funcs["train"][0]
+    f = _fact(r, "accelerator.gradient_accumulation_steps", train)
+    assert f.value is UNKNOWN and not f.known
+    assert "parameter of train()" in f.source
+    p = _fact(r, "n", train)
+    assert p.value is UNKNOWN and p.source == "unknown: parameter of train()"
+    # the file's own parser still gives ``args.x`` its (launch-overridable) default
+    assert _fact(r, "args.grad_accum", train).kind == "default"
+
+
+def test_accelerator_kwargs_from_dict_literal():
+    t, r = _r(SCRIPT)
+    f = _fact(r, "accelerator.gradient_accumulation_steps")
+    assert f.value == 4 and f.kind == "literal" and "dict literal" in f.source
+    mp = _fact(r, "accelerator.mixed_precision")
+    assert mp.value == "no" and mp.kind == "default"
+    call = t.assignments["accelerator"][0].value
+    kws = r.call_kwargs(call)
+    assert kws["gradient_accumulation_steps"].value == 4
+    assert "**" not in kws
+
+
+def test_unset_accelerator_setting_and_environment():
+    t, r = _r(SCRIPT)
+    f = _fact(r, "plain.gradient_accumulation_steps")
+    assert f.value is UNKNOWN and "not passed" in f.source
+    e = _fact(r, "env_acc.gradient_accumulation_steps")
+    assert e.value == 3 and e.kind == "environment" and not e.definite
+
+
+def test_hf_argument_parser_dataclasses():
+    t, r = _r(SCRIPT)
+    main_scope = None
+    f = _fact(r, "my_args.accum", main_scope)
+    assert (f.value, f.kind) == (8, "default") and "MyArgs.accum" in f.source
+    ta = _fact(r, "training_args.gradient_accumulation_steps")
+    assert ta.value is UNKNOWN  # TrainingArguments comes from the command line
+
+
+def test_operators_and_builtins():
+    t, r = _r("""
+        import os
+        N = 4
+        M = max(N, 2) * 2
+        FLAG = N > 2 and not False
+        WS = int(os.environ.get("WORLD_SIZE", 1))
+        X = N if FLAG else 1
+    """)
+    assert _fact(r, "M").value == 8
+    assert _fact(r, "FLAG").value is True
+    ws = _fact(r, "WS")
+    assert ws.value == 1 and ws.kind == "environment" and "WORLD_SIZE" in ws.source
+    assert _fact(r, "X").value == 4
+    assert _fact(r, "N").source.startswith("literal")
+
+
+def test_unknown_stays_unknown():
+    t, r = _r("""
+        from config import ACCUM
+        def f(k=1):
+            return k
+        def g(d):
+            kw = dict(gradient_accumulation_steps=2)
+            kw.update(d)
+            return Accelerator(**kw)
+        n = 1
+        n += 1
+        for i in range(3):
+            pass
+    """)
+    f = t.module_funcs["f"][0]
+    assert _fact(r, "k", f).value is UNKNOWN  # a parameter, even with a default
+    assert _fact(r, "ACCUM").value is UNKNOWN and "imported" in _fact(r, "ACCUM").source
+    assert _fact(r, "n").value is UNKNOWN  # updated in place
+    assert _fact(r, "i").value is UNKNOWN
+    g = t.module_funcs["g"][0]
+    call = [c for c, name, fn in t.calls if name == "Accelerator"][0]
+    kws = r.call_kwargs(call, g)
+    assert "**" in kws and kws["**"].value is UNKNOWN
+
+
+def test_existing_value_api_unchanged():
+    t, r = _r(SCRIPT)
+    assert r.value(cst.parse_expression("args.grad_accum")) == 4
+    assert r.int_value(cst.parse_expression("ACC * 2")) == 4
