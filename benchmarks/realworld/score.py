@@ -12,7 +12,8 @@ Per entry: HIT / MISS (expected findings), FP (a finding on a correct file), EXT
 that matches no expectation; its ``judged`` verdict is shown), DUP (the same code twice within +-2 lines),
 CRASH (exception text; the run goes on), MISSING (file or companion absent: restore with check.py).
 A finding HITs an expectation when its code is ``code`` or in ``alt_codes`` and its line is within +-2 of one
-of ``lines``. EXTRA findings judged ``fp`` count as false positives; ``tp`` / ``acceptable`` do not.
+of ``lines``. EXTRA findings judged ``fp`` count as false positives; ``tp`` / ``acceptable`` do not. A finding on a
+correct file counts as FP unless it was re-examined and judged ``tp`` / ``acceptable`` (shown, counted apart).
 The last four lines printed are the overall summary.
 """
 
@@ -343,10 +344,12 @@ def main(argv=None) -> int:
             by_fam[family(x.get("code", ""))]["miss"] += 1
             by_fw[fw]["miss"] += 1
         for f, jd in s["fps"]:
+            if jd and jd.get("verdict") in ("tp", "acceptable"):
+                # re-examined and judged right: shown, not counted (the verdict and its reason are in the entry)
+                tot["fp_judged_ok"] += 1
+                continue
             tot["fp"] += 1
             fps_counted += 1
-            if jd and jd.get("verdict") in ("tp", "acceptable"):
-                tot["fp_judged_ok"] += 1
             by_fam[family(f["code"])]["fp"] += 1
             by_fw[fw]["fp"] += 1
             sev["fp"][f["severity"]] += 1
@@ -424,7 +427,8 @@ def main(argv=None) -> int:
           f" · missing {tot['missing']} · sha differs {tot['sha']} · {o.jobs} workers · {elapsed:.1f} s"
           f"{' · all rules' if o.all_rules else ''}{' · family ' + fam if fam else ''}")
     print(f"EXTRA {tot['extra']} on buggy files: {tot['extra_fp']} judged fp, {tot['extra_ok']} judged tp/acceptable,"
-          f" {tot['extra_unjudged']} unjudged · correct files with an FP {tot['correct_with_fp']}/{tot['correct']}")
+          f" {tot['extra_unjudged']} unjudged · correct files with an FP {tot['correct_with_fp']}/{tot['correct']}"
+          f" ({tot['fp_judged_ok']} findings on correct files judged tp/acceptable, not counted)")
     print(f"severity: hits {sv(sev['hit'])} · FP {sv(sev['fp'])} · EXTRA {sv(sev['extra'])}"
           f" · false positives in all {fp_all}")
     print(f"recall {tot['hit']}/{tot['expected']} ({pct(tot['hit'], tot['expected'])}) · FP {tot['fp']} on"
