@@ -36,10 +36,16 @@ def lint_text(text: str, filename: str, settings: Optional[Settings] = None) -> 
     settings = (settings or Settings()).for_file(filename)
     k = kind_of(filename)
     if k == "notebook":
-        return engine.lint_notebook(text, filename, settings)
-    if k == "config":
-        return engine.lint_config(text, filename, settings)
-    return engine.lint_python(text, filename, settings)
+        diags = engine.lint_notebook(text, filename, settings)
+    elif k == "config":
+        diags = engine.lint_config(text, filename, settings)
+    else:
+        diags = engine.lint_python(text, filename, settings)
+    if diags and "noqa" in text:  # a file-level `# bertlint: noqa[: CODES]` line
+        from bertlint.noqa import apply_file_exemption
+
+        diags = apply_file_exemption(diags, text, k)
+    return diags
 
 
 def read_source(path: str, data: Optional[bytes] = None):

@@ -35,17 +35,28 @@ options:
   --extend-select CODES   enable these in addition to the configured selection
   --ignore CODES          disable these codes or prefixes
   --output-format FORMAT  full (default), concise, json, json-lines, sarif, github, junit
+  -o, --output-file PATH  write the report to PATH instead of standard output
   --statistics            print the number of findings per code instead of the findings
   --exit-zero             exit 0 even when there are findings
+  --exit-non-zero-on-fix  exit 1 when --fix changed a file, even if nothing is left
   --fix                   apply safe fixes (and unsafe ones with --unsafe-fixes), writing the files
   --unsafe-fixes          also apply (with --fix / --diff) fixes that may change behaviour
   --diff                  print the fixes as a unified diff; write nothing (exit 1 when there is a diff)
+  --add-noqa              add `# noqa: CODES` to every reported line (adopting bertlint on existing code)
   --stdin-filename NAME   the name of the file read from `-` (picks the reader and the configuration)
   --config FILE           use this pyproject.toml / bertlint.toml instead of the nearest one
+  --config KEY=VALUE      override one setting, as TOML: --config "world-size = 8" (repeatable)
   --isolated              ignore every configuration file
   --exclude PATTERNS      extra glob patterns to skip while walking folders (comma-separated)
+  --extend-exclude PATTERNS  the same, added to the configured `exclude`
   -j, --jobs N            worker processes for many files (default: CPU count; 1 = no processes)
+  --no-cache              neither read nor write the result cache (.bertlint_cache/)
+  --cache-dir DIR         the cache folder (default: .bertlint_cache in the current folder)
+  --show-settings         print the settings used for the first file, then exit
+  --show-files            print the files that would be checked, then exit
+  -v, --verbose           say which configuration is used, how many files, how long, cache hits
   -q, --quiet             no summary line
+  --generate-shell-completion SHELL  print a completion script for bash, zsh or fish
   --verify                run the script (one path) with runtime checks that confirm or refute the findings
   --verify-steps N        optimizer steps to run under --verify
   --verify-timeout S      seconds before the verified script is stopped (default 300)
@@ -101,6 +112,15 @@ class Options:
         self.report_dir: Optional[str] = None
         self.script_args: list[str] = []
         self.no_cache = False
+        self.output_file: Optional[str] = None
+        self.show_settings = False
+        self.show_files = False
+        self.add_noqa = False
+        self.exit_non_zero_on_fix = False
+        self.overrides: list[dict] = []  # --config KEY=VALUE
+        self.extend_exclude: list[str] = []
+        self.verbose = False
+        self.cache_dir: Optional[str] = None
 
 
 _FLAGS = {
@@ -114,6 +134,12 @@ _FLAGS = {
     "-q": "quiet",
     "--verify": "verify",
     "--no-cache": "no_cache",
+    "--show-settings": "show_settings",
+    "--show-files": "show_files",
+    "--add-noqa": "add_noqa",
+    "--exit-non-zero-on-fix": "exit_non_zero_on_fix",
+    "--verbose": "verbose",
+    "-v": "verbose",
 }
 _VALUED = {
     "--select",
@@ -128,6 +154,11 @@ _VALUED = {
     "--verify-steps",
     "--verify-timeout",
     "--report",
+    "--output-file",
+    "-o",
+    "--extend-exclude",
+    "--generate-shell-completion",
+    "--cache-dir",
 }
 
 
@@ -187,9 +218,28 @@ def parse_args(argv: list[str]) -> Options:
             elif name == "--stdin-filename":
                 o.stdin_filename = value
             elif name == "--config":
-                o.config = value
+                # ruff's rule: an existing file is a configuration file; anything else a KEY = VALUE override
+                if os.path.isfile(value) or "=" not in value:
+                    if o.config is not None:
+                        raise UsageError("--config FILE given twice")
+                    o.config = value
+                else:
+                    from bertlint.config import ConfigError, parse_override
+
+                    try:
+                        o.overrides.append(parse_override(value))
+                    except ConfigError as e:
+                        raise UsageError(str(e)) from None
             elif name == "--exclude":
                 o.exclude += [p.strip() for p in value.split(",") if p.strip()]
+            elif name == "--extend-exclude":
+                o.extend_exclude += [p.strip() for p in value.split(",") if p.strip()]
+            elif name in ("--output-file", "-o"):
+                o.output_file = value
+            elif name == "--cache-dir":
+                o.cache_dir = value
+            elif name == "--generate-shell-completion":
+                raise _Completion(value)
             elif name in ("--jobs", "-j"):
                 o.jobs = _int(name, value, 1)
             elif name == "--verify-steps":
@@ -207,6 +257,8 @@ def parse_args(argv: list[str]) -> Options:
         if a.startswith("-") and a != "-":
             raise UsageError(f"unknown option {a!r}")
         o.paths.append(a)
+    if o.add_noqa and (o.fix or o.diff):
+        raise UsageError("--add-noqa cannot be combined with --fix or --diff")
     if (o.verify_steps is not None or o.report_dir is not None) and not o.verify:
         raise UsageError("--verify-steps, --verify-timeout and --report need --verify")
     if o.verify:
@@ -232,6 +284,10 @@ class _Help(Exception):
 
 
 class _Version(Exception):
+    pass
+
+
+class _Completion(Exception):
     pass
 
 
@@ -278,6 +334,8 @@ def _main(argv: list[str]) -> int:
 
         sys.stdout.write(f"bertlint {__version__}\n")
         return 0
+    except _Completion as c:
+        return _completion(str(c))
     except UsageError as e:
         sys.stderr.write(f"bertlint: error: {e}\n{USAGE}Try 'bertlint --help' for more.\n")
         return 2
@@ -303,6 +361,124 @@ def _dispatch(name: str, argv: list[str]) -> int:
         return _err(f"`bertlint {name}` needs {missing}: pip install 'bertlint[{extra}]'")
     rc = getattr(mod, fn)(argv)
     return int(rc or 0)
+
+
+# ------------------------------------------------------------------------------------- shell completion
+
+# (option names, what its value is: None (a flag) | file | dir | codes | format | shell | number, help)
+_OPTION_SPECS = [
+    (("--select",), "codes", "enable only these codes or prefixes"),
+    (("--extend-select",), "codes", "enable these codes in addition"),
+    (("--ignore",), "codes", "disable these codes or prefixes"),
+    (("--output-format",), "format", "output format"),
+    (("--output-file", "-o"), "file", "write the report to this file"),
+    (("--statistics",), None, "count findings per code"),
+    (("--exit-zero",), None, "exit 0 even with findings"),
+    (("--exit-non-zero-on-fix",), None, "exit 1 when --fix changed a file"),
+    (("--fix",), None, "apply safe fixes"),
+    (("--no-fix",), None, "do not apply fixes"),
+    (("--unsafe-fixes",), None, "also apply unsafe fixes"),
+    (("--diff",), None, "print the fixes as a diff"),
+    (("--add-noqa",), None, "add # noqa comments on every reported line"),
+    (("--stdin-filename",), "file", "name of the text read from -"),
+    (("--config",), "file", "configuration file or KEY=VALUE"),
+    (("--isolated",), None, "ignore configuration files"),
+    (("--exclude",), "file", "glob patterns to skip"),
+    (("--extend-exclude",), "file", "more glob patterns to skip"),
+    (("--jobs", "-j"), "number", "worker processes"),
+    (("--no-cache",), None, "do not read or write the cache"),
+    (("--cache-dir",), "dir", "cache folder"),
+    (("--show-settings",), None, "print the settings for a file"),
+    (("--show-files",), None, "print the files that would be checked"),
+    (("--verbose", "-v"), None, "say what bertlint does"),
+    (("--quiet", "-q"), None, "no summary line"),
+    (("--verify",), None, "run the script with runtime checks"),
+    (("--verify-steps",), "number", "optimizer steps under --verify"),
+    (("--verify-timeout",), "number", "seconds before the script is stopped"),
+    (("--report",), "dir", "with --verify: write the report here"),
+    (("--generate-shell-completion",), "shell", "print a completion script"),
+    (("--version", "-V"), None, "print the version"),
+    (("--help", "-h"), None, "print the help"),
+]
+_SUBCOMMAND_NAMES = ("rule", "rules", "explain", "memory", "lsp", "check")
+
+
+def _completion(shell: str) -> int:
+    """``--generate-shell-completion bash|zsh|fish``: a completion script on standard output."""
+    from bertlint.registry import ENGINE_CODES, all_rules
+
+    codes = " ".join(["ALL", "BL", *sorted(ENGINE_CODES), *(r.meta.code for r in all_rules())])
+    formats = " ".join(FORMATS)
+    names = [n for names, _, _ in _OPTION_SPECS for n in names]
+    if shell == "bash":
+        cases = []
+        for kind, words in (("codes", codes), ("format", formats), ("shell", "bash zsh fish")):
+            opts = "|".join(n for names, k, _ in _OPTION_SPECS if k == kind for n in names)
+            cases.append(f'        {opts}) COMPREPLY=($(compgen -W "{words}" -- "$cur")); return 0;;')
+        files = "|".join(n for names, k, _ in _OPTION_SPECS if k in ("file", "dir") for n in names)
+        cases.append(f'        {files}) COMPREPLY=($(compgen -f -- "$cur")); return 0;;')
+        nums = "|".join(n for names, k, _ in _OPTION_SPECS if k == "number" for n in names)
+        cases.append(f"        {nums}) return 0;;")
+        script = (
+            "# bash completion for bertlint (bertlint --generate-shell-completion bash)\n"
+            "_bertlint() {\n"
+            '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"\n'
+            '    case "$prev" in\n' + "\n".join(cases) + "\n    esac\n"
+            '    if [[ "$cur" == -* ]]; then\n'
+            f'        COMPREPLY=($(compgen -W "{" ".join(names)}" -- "$cur"))\n'
+            "    elif [[ $COMP_CWORD -eq 1 ]]; then\n"
+            f'        COMPREPLY=($(compgen -W "{" ".join(_SUBCOMMAND_NAMES)}" -- "$cur") $(compgen -f -- "$cur"))\n'
+            "    else\n"
+            '        COMPREPLY=($(compgen -f -- "$cur"))\n'
+            "    fi\n"
+            "}\n"
+            "complete -o filenames -o bashdefault -F _bertlint bertlint\n"
+        )
+    elif shell == "zsh":
+        specs = []
+        for names, kind, help_ in _OPTION_SPECS:
+            action = {
+                None: "",
+                "file": ":file:_files",
+                "dir": ":folder:_files -/",
+                "codes": f":codes:({codes})",
+                "format": f":format:({formats})",
+                "shell": ":shell:(bash zsh fish)",
+                "number": ":number: ",
+            }[kind]
+            group = "{" + ",".join(names) + "}" if len(names) > 1 else names[0]
+            excl = "(" + " ".join(names) + ")" if len(names) > 1 else ""
+            specs.append(f"    '{excl}{group}[{help_}]{action}'")
+        script = (
+            "#compdef bertlint\n# zsh completion for bertlint (bertlint --generate-shell-completion zsh)\n"
+            "_bertlint() {\n  _arguments -s \\\n"
+            + " \\\n".join(specs)
+            + f" \\\n    '1::command or path:(({' '.join(n + chr(92) + ':' + n for n in _SUBCOMMAND_NAMES)}) _files)' \\\n"
+            "    '*:path:_files'\n}\n"
+            'if [[ "$funcstack[1]" == "_bertlint" ]]; then _bertlint "$@"; else compdef _bertlint bertlint; fi\n'
+        )
+    elif shell == "fish":
+        out = ["# fish completion for bertlint (bertlint --generate-shell-completion fish)"]
+        out.append(
+            f"complete -c bertlint -n '__fish_use_subcommand' -a '{' '.join(_SUBCOMMAND_NAMES)}' -d 'subcommand'"
+        )
+        for names, kind, help_ in _OPTION_SPECS:
+            flags = " ".join(f"-l {n[2:]}" if n.startswith("--") else f"-s {n[1:]}" for n in names)
+            arg = {
+                None: "",
+                "file": " -r -F",
+                "dir": " -r -F",
+                "codes": f" -x -a '{codes}'",
+                "format": f" -x -a '{formats}'",
+                "shell": " -x -a 'bash zsh fish'",
+                "number": " -x",
+            }[kind]
+            out.append(f"complete -c bertlint {flags}{arg} -d '{help_}'")
+        script = "\n".join(out) + "\n"
+    else:
+        return _err(f"--generate-shell-completion: unknown shell {shell!r}; choose bash, zsh or fish")
+    sys.stdout.write(script)
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ rule / rules
@@ -454,9 +630,11 @@ def _settings_for(o: Options, path: str, cache: dict):
 
                     raise ConfigError(f"{o.config}: configuration file not found")
                 base = read_config_file(o.config) or Settings(config_path=os.path.abspath(o.config))  # type: ignore[arg-type]
-        s = base.with_cli(o.select, o.ignore, o.extend_select)
-        if o.exclude:
-            s.exclude = [*s.exclude, *o.exclude]
+        from bertlint.config import apply_overrides
+
+        s = apply_overrides(base, o.overrides).with_cli(o.select, o.ignore, o.extend_select)
+        if o.exclude or o.extend_exclude:
+            s.exclude = [*s.exclude, *o.exclude, *o.extend_exclude]
         cache[key] = s
     return cache[key]
 
@@ -541,6 +719,21 @@ def run(o: Options) -> int:
         tasks.append((path, _settings_for(o, path, cache), fixing, o.unsafe_fixes, write))
 
     file_tasks = [t for t in tasks if t is not None]
+    if o.show_files:
+        sys.stdout.write("".join(f"{t[0]}\n" for t in file_tasks) + ("-\n" if stdin_task is not None else ""))
+        return 0
+    if o.show_settings:
+        first = file_tasks[0][0] if file_tasks else (o.stdin_filename or paths[0])
+        return _show_settings(first, file_tasks[0][1] if file_tasks else _settings_for(o, first, cache))
+    if o.add_noqa and stdin_task is not None:
+        return _err("--add-noqa writes files: it cannot read standard input")
+    if o.verbose:
+        for key, st in sorted(cache.items(), key=lambda kv: str(kv[0])):
+            sys.stderr.write(f"bertlint: configuration: {st.config_path or 'none (defaults)'}\n")
+        sys.stderr.write(f"bertlint: {len(file_tasks)} file{'s' if len(file_tasks) != 1 else ''} to check\n")
+    import time
+
+    t0 = time.perf_counter()
     jobs = o.jobs if o.jobs is not None else (os.cpu_count() or 1)
     if len(file_tasks) >= PARALLEL_MIN_FILES and jobs > 1:
         results.extend(_parallel(file_tasks, jobs))
@@ -554,7 +747,80 @@ def run(o: Options) -> int:
         results.append(r)
         if o.fix and not o.diff:
             stdin_out = r.source if r.source is not None else data.decode("utf-8", "replace")
+    if o.verbose:
+        sys.stderr.write(f"bertlint: checked {len(results)} file{'s' if len(results) != 1 else ''} in "
+                         f"{time.perf_counter() - t0:.2f} s\n")
+    if o.add_noqa:
+        return _add_noqa(o, results)
+    if o.output_file:
+        try:
+            stream = open(o.output_file, "w", encoding="utf-8")
+        except OSError as e:
+            return _err(f"--output-file {o.output_file}: {e.strerror or e}")
+        with stream:
+            return _report(o, results, stdin_out, stream)
     return _report(o, results, stdin_out)
+
+
+def _add_noqa(o: Options, results: list) -> int:
+    """``--add-noqa``: a ``# noqa: CODES`` comment on every reported line, files written in their encoding."""
+    from bertlint.fixes import atomic_write
+    from bertlint.noqa import add_noqa_text
+    from bertlint.sources import encode, kind_of
+
+    added = 0
+    for r in results:
+        for w in r.warnings:
+            sys.stderr.write(f"warning: {w}\n")
+        if not r.diagnostics or r.source is None:
+            continue
+        new, n = add_noqa_text(r.source, r.diagnostics, kind_of(r.filename))
+        if not n or new == r.source:
+            continue
+        try:
+            atomic_write(r.filename, encode(new, r.encoding))
+        except (OSError, UnicodeEncodeError) as e:
+            sys.stderr.write(f"warning: {r.filename}: cannot write the noqa comments: {e}\n")
+            continue
+        added += n
+        if o.verbose:
+            sys.stderr.write(f"bertlint: {r.filename}: {n} noqa comment{'s' if n != 1 else ''}\n")
+    if not o.quiet:
+        sys.stderr.write(f"Added {added} noqa directive{'s' if added != 1 else ''}.\n")
+    return 0
+
+
+def _show_settings(path: str, settings) -> int:
+    """``--show-settings``: what bertlint will use for ``path`` (ruff's habit)."""
+    import json
+
+    from bertlint.config import settings_table
+    from bertlint.registry import ENGINE_CODES, all_rules
+
+    s = settings.for_file(path)
+    lines = [f"Settings for: {os.path.abspath(path) if path != '-' else '-'}",
+             f"Configuration file: {s.config_path or 'none (defaults)'}"]
+    for k, v in settings_table(s).items():
+        if k == "select" and v is None:
+            lines.append("select = (default: every rule that is on by default)")
+        elif k == "world-size" and v is None:
+            lines.append("world-size = (unknown: per process)")
+        else:
+            lines.append(f"{k} = {json.dumps(v)}")
+    metas = [ENGINE_CODES[c] for c in sorted(ENGINE_CODES)] + [r.meta for r in all_rules()]
+    on = [m.code for m in metas if s.is_enabled(m.code, m.default_enabled)]
+    lines.append(f"enabled rules ({len(on)}): {', '.join(on)}")
+    try:
+        from bertlint.analysis import versions
+
+        tvs = versions.resolve(path if path != "-" else None, s).all()
+        lines.append("target versions:")
+        for pkg, tv in sorted(tvs.items()):
+            lines.append(f"  {pkg} = {tv.text if hasattr(tv, 'text') else tv}  ({tv.source})")
+    except Exception as e:  # the analysis package is being changed: the settings above stay useful
+        lines.append(f"target versions: unavailable ({type(e).__name__}: {e})")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
 
 
 def _parallel(tasks: list, jobs: int) -> list:
@@ -576,10 +842,10 @@ def _parallel(tasks: list, jobs: int) -> list:
         return [_work(t) for t in tasks]
 
 
-def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
+def _report(o: Options, results: list, stdin_out: Optional[str], stream=None) -> int:
     from bertlint.types import Diagnostic
 
-    out = sys.stdout
+    out = stream if stream is not None else sys.stdout
     err = sys.stderr
     diags: list[Diagnostic] = []
     sources: dict[str, Optional[str]] = {}
@@ -631,8 +897,9 @@ def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
         return 0 if o.exit_zero or not text else 1
 
     if stdin_out is not None:
-        out.write(stdin_out)
-        out = err  # the remaining findings go to stderr when the fixed source goes to stdout
+        sys.stdout.write(stdin_out)
+        if stream is None:
+            out = err  # the remaining findings go to stderr when the fixed source goes to stdout
 
     from bertlint import reporters
 
@@ -656,6 +923,8 @@ def _report(o: Options, results: list, stdin_out: Optional[str]) -> int:
     out.flush()
     if o.exit_zero:
         return 0
+    if o.exit_non_zero_on_fix and fixed:
+        return 1
     return 1 if diags else 0
 
 

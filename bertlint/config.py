@@ -332,3 +332,66 @@ def load_settings(path: str) -> Settings:
 def clear_caches() -> None:
     _DIR_CACHE.clear()
     _SETTINGS_CACHE.clear()
+
+
+# ------------------------------------------------------------------------------------ --config KEY=VALUE
+
+
+def parse_override(text: str) -> dict:
+    """``--config 'select = ["BL1"]'`` (ruff's inline form): one TOML ``KEY = VALUE`` pair, validated as a
+    ``[tool.bertlint]`` key. Returns {key: value}; ``ConfigError`` with the reason otherwise."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(
+            f"--config {text!r}: not a configuration file and not a TOML KEY = VALUE pair ({e}); "
+            'for example --config "world-size = 8" or --config "select = [\'BL1\']"'
+        ) from None
+    table = data.get("tool", {}).get("bertlint", data) if isinstance(data.get("tool"), dict) else data
+    settings_from_table(table, "--config")  # validates keys and types (the error names the key)
+    return dict(table)
+
+
+def apply_overrides(settings: Settings, overrides: list[dict]) -> Settings:
+    """``settings`` with the inline ``--config KEY=VALUE`` pairs set over them (a key replaces the file's value;
+    ``extend-exclude`` adds)."""
+    if not overrides:
+        return settings
+    s = replace(settings)
+    for table in overrides:
+        o = settings_from_table(table, "--config")
+        for key in table:
+            if key == "select":
+                s.select = o.select
+            elif key == "ignore":
+                s.ignore = list(o.ignore)
+            elif key == "extend-select":
+                s.extend_select = list(o.extend_select)
+            elif key == "per-file-ignores":
+                s.per_file_ignores = dict(o.per_file_ignores)
+            elif key == "exclude":
+                s.exclude = list(table["exclude"])
+            elif key == "extend-exclude":
+                s.exclude = [*s.exclude, *table["extend-exclude"]]
+            elif key == "target-versions":
+                s.target_versions = {**s.target_versions, **o.target_versions}
+            elif key == "world-size":
+                s.world_size = o.world_size
+    return s
+
+
+def settings_table(settings: Settings) -> dict:
+    """The effective settings as ``[tool.bertlint]`` keys (``--show-settings``)."""
+    return {
+        "select": settings.select,
+        "extend-select": list(settings.extend_select),
+        "ignore": list(settings.ignore),
+        "per-file-ignores": dict(settings.per_file_ignores),
+        "exclude": list(settings.exclude),
+        "target-versions": dict(settings.target_versions),
+        "world-size": settings.world_size,
+    }

@@ -139,6 +139,10 @@ def lint_python(source: str, filename: str, settings: Optional[Settings] = None)
     diags = ctx.diagnostics
     if diags:
         diags = filter_suppressed(diags, source)
+    if "#" in source and settings.is_enabled("BL002", False):  # noqa codes that suppress nothing (off by default)
+        from bertlint.noqa import unused_noqa
+
+        diags = diags + unused_noqa(ctx.diagnostics, source, filename, settings)
     return sorted(diags, key=Diagnostic.sort_key)
 
 
@@ -267,6 +271,10 @@ def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None)
     ctx.notebook = nb  # type: ignore[attr-defined]
     _run_rules(ctx, "python", settings)
     diags = filter_suppressed(ctx.diagnostics, nb.source) if ctx.diagnostics else []
+    if "#" in nb.source and settings.is_enabled("BL002", False):
+        from bertlint.noqa import unused_noqa
+
+        diags = diags + unused_noqa(ctx.diagnostics, nb.source, filename, settings)
     out = [m for m in (map_to_cell(d, nb) for d in diags) if m is not None]
     return sorted(out + errors, key=Diagnostic.sort_key)
 

@@ -77,4 +77,9 @@ def get(code: str) -> Optional[Rule]:
 # Codes that are not rules but diagnostics of the engine itself (they have pages too).
 ENGINE_CODES = {
     "BL001": RuleMeta("BL001", "parse-error", Severity.ERROR, "the file could not be read or parsed", None),
+    # off by default (enable with --extend-select BL002); computed by the engine after suppression (bertlint.noqa)
+    "BL002": RuleMeta(
+        "BL002", "unused-noqa", Severity.WARNING, "a `# noqa: BLxxx` code suppresses nothing (unused or unknown code)",
+        Applicability.SAFE, default_enabled=False,
+    ),
 }

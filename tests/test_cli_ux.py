@@ -279,3 +279,152 @@ def test_syntax_warning_of_a_cell_does_not_leak(tmp_path):
     )
     assert r.returncode == 1 and "BL001" in r.stdout
     assert r.stderr == ""
+
+
+# ------------------------------------------------------------------------------------------ 6. ruff habits
+
+
+def test_output_file(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\nold_api()\n")
+    rc, out, _ = run(capsys, *SEL, "--output-format", "json", "--output-file", str(tmp_path / "r.json"), str(p))
+    assert rc == 1 and out == ""
+    assert [d["code"] for d in json.loads((tmp_path / "r.json").read_text())] == ["BL999"]
+    rc, out, _ = run(capsys, *SEL, "-o", str(tmp_path / "r.txt"), "--output-format", "concise", str(p))
+    assert "BL999" in (tmp_path / "r.txt").read_text() and out == ""
+
+
+def test_show_settings_and_show_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.bertlint]\nworld-size = 4\nexclude = ["gen"]\n')
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "b.py").write_text("import torch\n")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "c.py").write_text("import torch\n")
+    (tmp_path / "a.py").write_text("import torch\nold_api()\n")
+    rc, out, _ = run(capsys, "--show-files", ".")
+    assert rc == 0 and out.splitlines() == ["./a.py", "./old/c.py"]
+    rc, out, _ = run(capsys, "--show-files", "--extend-exclude", "old", ".")
+    assert out.splitlines() == ["./a.py"]
+    rc, out, _ = run(capsys, "--show-settings", "--config", "world-size = 8", "--extend-select", "BL999", "a.py")
+    assert rc == 0
+    assert f"Configuration file: {tmp_path / 'pyproject.toml'}" in out
+    assert "world-size = 8" in out and 'exclude = ["gen"]' in out and 'extend-select = ["BL999"]' in out
+    assert "BL999" in out.split("enabled rules")[1].splitlines()[0]
+    assert "transformers = " in out  # the target versions the analyses will assume, with their source
+
+
+def test_config_key_value_overrides(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\nold_api()\nrisky()\n")
+    rc, out, _ = run(capsys, *SEL, "--config", "ignore = ['BL999']", "--output-format", "concise", str(p))
+    assert rc == 1 and "BL999" not in out and "BL997" in out
+    rc, out, err = run(capsys, *SEL, "--config", "world_size = 8", str(p))
+    assert rc == 2 and 'unknown key "world_size" (did you mean "world-size"?)' in err
+    rc, out, err = run(capsys, *SEL, "--config", "world-size = 'eight'", str(p))
+    assert rc == 2 and '"world-size" must be an integer' in err
+
+
+def test_exit_non_zero_on_fix(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\nold_api()\n")
+    assert run(capsys, *SEL, "--fix", str(p))[0] == 0 and "new_api()" in p.read_text()
+    p.write_text("import torch\nold_api()\n")
+    assert run(capsys, *SEL, "--fix", "--exit-non-zero-on-fix", str(p))[0] == 1
+    assert run(capsys, *SEL, "--fix", "--exit-non-zero-on-fix", str(p))[0] == 0  # nothing left to fix
+
+
+def test_verbose(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\n")
+    rc, out, err = run(capsys, *SEL, "-v", str(p))
+    assert rc == 0 and "configuration: none (defaults)" in err and "checked 1 file in" in err
+
+
+def test_file_level_noqa(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text("# bertlint: noqa\nimport torch\nold_api()\nrisky()\n")
+    assert run(capsys, *SEL, str(p))[0] == 0
+    p.write_text("import torch\n# bertlint: noqa: BL999\nold_api()\nrisky()\n")
+    rc, out, _ = run(capsys, *SEL, "--output-format", "concise", str(p))
+    assert rc == 1 and "BL999" not in out and "BL997" in out
+    p.write_text("import torch\nold_api()  # bertlint: noqa\n")  # not on a line of its own: not file-level
+    assert run(capsys, *SEL, str(p))[0] == 1
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps(_nb(("code", "# bertlint: noqa: BL9\nimport torch\n"), ("code", "old_api()\nrisky()\n"))))
+    assert run(capsys, *SEL, str(nb))[0] == 0
+
+
+def test_add_noqa(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    src = (
+        "import torch\n"
+        "old_api(); risky()\n"
+        "risky()  # keep\n"
+        'x = old_api("""\n'
+        'text""")\n'
+        "old_api()  # noqa: E501\n"
+    )
+    p.write_text(src)
+    rc, out, err = run(capsys, *SEL, "--add-noqa", str(p))
+    assert rc == 0 and err == "Added 3 noqa directives.\n"
+    lines = p.read_text().splitlines()
+    assert lines[1] == "old_api(); risky()  # noqa: BL997, BL999"
+    assert lines[2] == "risky()  # keep  # noqa: BL997"
+    # a statement whose first line ends inside a string cannot take a comment the engine reads: left alone
+    assert lines[3] == 'x = old_api("""' and lines[4] == 'text""")'
+    assert lines[5] == "old_api()  # noqa: E501, BL999"
+    rc, out, _ = run(capsys, *SEL, "--output-format", "concise", str(p))
+    assert out.splitlines()[0].endswith(":4:5: BL999 [*] old_api() is gone") and "Found 1 problem" in out
+    assert run(capsys, *SEL, "--add-noqa", str(p))[2] == "Added 0 noqa directives.\n"
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps(NB))
+    assert run(capsys, *SEL, "--add-noqa", str(nb))[2] == "Added 1 noqa directive.\n"
+    assert json.loads(nb.read_text())["cells"][2]["source"][2] == "     old_api())  # noqa: BL999\n"
+    assert run(capsys, *SEL, str(nb))[0] == 0
+
+
+def test_unused_noqa_bl002(tmp_path, capsys):
+    p = tmp_path / "a.py"
+    p.write_text(
+        "import torch\n"
+        "old_api()  # noqa: BL999\n"  # used
+        "x = 1  # noqa: BL999\n"  # unused
+        "y = 2  # noqa: BL777, E501\n"  # unknown (E501 is another tool's)
+        "z = 3  # noqa: BL101\n"  # BL101 is not selected here: nothing can be said
+        "w = 4  # noqa\n"  # bare: maybe for another tool
+        "v = 5  # bertlint: ignore[BL999]\n"
+    )
+    assert run(capsys, *SEL, str(p))[0] == 0  # off by default
+    rc, out, _ = run(capsys, *SEL, "--extend-select", "BL002", "--output-format", "concise", str(p))
+    got = [ln.split(": BL002 ")[0].split(":")[-2] for ln in out.splitlines() if ": BL002 " in ln]
+    assert got == ["3", "4", "7"]
+    assert "unused BL999" in out and "unknown BL777" in out
+    rc, out, _ = run(capsys, *SEL, "--extend-select", "BL002", "--fix", str(p))
+    text = p.read_text().splitlines()
+    assert text[1] == "old_api()  # noqa: BL999" and text[2] == "x = 1" and text[3] == "y = 2  # noqa: E501"
+    assert text[6] == "v = 5" and text[4] == "z = 3  # noqa: BL101"
+
+
+def test_shell_completion(tmp_path, capsys):
+    import shutil
+    import subprocess
+
+    for shell in ("bash", "zsh", "fish"):
+        rc, out, _ = run(capsys, "--generate-shell-completion", shell)
+        assert rc == 0 and "--output-format" in out.replace("-l output-format", "--output-format")
+        (tmp_path / f"c.{shell}").write_text(out)
+        exe = shutil.which(shell)
+        if exe:  # the script parses in that shell
+            r = subprocess.run([exe, "-n", str(tmp_path / f"c.{shell}")], capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+    assert run(capsys, "--generate-shell-completion", "tcsh")[0] == 2
+    if shutil.which("bash"):
+        probe = (
+            f"source {tmp_path / 'c.bash'}; COMP_WORDS=(bertlint --output-f); COMP_CWORD=1; _bertlint; "
+            'echo "${COMPREPLY[@]}"; COMP_WORDS=(bertlint --select BL10); COMP_CWORD=2; _bertlint; echo "${COMPREPLY[@]}"'
+        )
+        r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        first, second = r.stdout.splitlines()
+        assert first.split() == ["--output-format", "--output-file"]
+        assert "BL101" in second.split() and "BL201" not in second.split()

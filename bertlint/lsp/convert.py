@@ -54,28 +54,8 @@ def apply_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = Fals
 # ---------------------------------------------------------------------------------------------------
 # ``# noqa: CODE`` suppression edits.
 
-# The engine's own pattern (bertlint.engine._NOQA), repeated so that extending a comment matches
-# exactly what the engine reads.
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
-
-
-def noqa_edit(line: str, code: str) -> Optional[tuple[int, int, str]]:
-    """The edit that suppresses ``code`` on ``line`` (its text without the line ending):
-    ``(start, end, replacement)`` in 0-based code-point columns, or None when the line cannot take
-    a comment (it continues with a backslash) or is suppressed already."""
-    m = _NOQA.search(line)
-    if m:
-        codes = m.group("codes")
-        if not codes:
-            return None  # a bare `# noqa` suppresses everything already
-        listed = [c for c in re.split(r"[\s,]+", codes) if c]
-        if any(code.startswith(c) for c in listed):
-            return None
-        return m.start(), m.end(), "# noqa: " + ", ".join(listed + [code])
-    body = line.rstrip()
-    if body.endswith("\\"):
-        return None
-    return len(body), len(line), f"  # noqa: {code}"
+# ``bertlint.noqa`` holds the edit (the engine's own pattern), shared with ``--add-noqa``.
+from bertlint.noqa import noqa_edit  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------------------------------------------
