@@ -105,6 +105,7 @@ _GRAPH_FUNCS = {
 _BUILTIN_GRAPH = {"sum"}  # builtins that return a tensor built from tensor elements
 
 _BACKWARD_CALLS = {"backward", "manual_backward"}
+_STEP_METHODS = {"training_step", "validation_step", "test_step", "predict_step"}
 # calls that run a function handed to them in a new thread or process (grad mode is thread-local: on there)
 _NEW_THREAD_CALLS = {"spawn", "start_processes", "Thread", "Process", "Timer", "notebook_launcher",
                      "debug_launcher", "launch", "elastic_launch", "run_in_executor", "to_thread"}
@@ -122,6 +123,10 @@ _FRAMEWORK_EVAL_METHODS = {
 }
 # ordinary method names: the framework runs them under no_grad only when the class is the framework's own
 _FRAMEWORK_GENERIC_METHODS = {"evaluate", "predict", "prediction_step", "evaluation_loop", "prediction_loop"}
+_FRAMEWORK_PACKAGES = {"transformers", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "trl",
+                       "diffusers", "sentence_transformers", "setfit", "peft", "ignite", "composer", "mmengine",
+                       "mmcv", "detectron2", "fairseq", "allennlp", "catalyst", "skorch", "fastai", "keras",
+                       "ultralytics", "torchtune", "deepspeed", "pytorch_accelerated", "nemo", "speechbrain"}
 _FRAMEWORK_BASES = re.compile(r"(LightningModule|Trainer|Callback|LightningDataModule|TrainerCallback|Pipeline|Evaluator|Predictor)$")
 
 
@@ -509,6 +514,8 @@ class EvalFlow:
                 gp = self.parent.get(p)
                 if isinstance(gp, cst.Call) and gp.func is p:
                     continue
+                if not is_method or dotted(p.value) not in ("self", "cls"):
+                    continue  # `cfg.datasets.train`: another object's attribute, not this function
             refs.append(nm)  # referenced without being called: handed to a thread, a launcher, a callback, ...
         self.__dict__.setdefault("_refs_memo", {})[id(func)] = (sites, refs)
         if refs:
@@ -724,11 +731,19 @@ class EvalFlow:
     def is_forward(self, call: cst.Call) -> bool:
         """``model(...)`` / ``self.model(...)`` / ``model.forward(...)`` on something that is a model."""
         func = call.func
+        step = False
         if isinstance(func, cst.Attribute) and func.attr.value == "forward":
             func = func.value
+        elif isinstance(func, cst.Attribute) and func.attr.value in _STEP_METHODS:
+            # `module.validation_step(batch, i)` called by the user's own loop: the LightningModule-style step runs
+            # the model's forwards, with whatever grad mode the caller has (Lightning's loops are not involved)
+            func, step = func.value, True
         if not isinstance(func, (cst.Name, cst.Attribute)):
             return False
         d = dotted(func)
+        if step:
+            return bool(d) and d != "self" and d != "super" and (
+                self.is_model_name(d, self.scope_of(call)) or self._mode_switched(d))
         if d == "self":
             return self._self_forward(call)
         if not d or d == "super":
@@ -740,6 +755,14 @@ class EvalFlow:
             return False
         scope = self.scope_of(call)
         return self.is_model_name(d, scope)
+
+    def _mode_switched(self, name: str) -> bool:
+        """``name.eval()`` or ``name.train()`` is called somewhere in the file: it is a module."""
+        for m in ("eval", "train"):
+            for c in self.calls_by_final.get(m, []):
+                if isinstance(c.func, cst.Attribute) and dotted(c.func.value) == name:
+                    return True
+        return False
 
     def _self_forward(self, call: cst.Call) -> bool:
         """``self(x)`` / ``self.forward(x)`` in a method (not ``forward`` itself) of an ``nn.Module`` subclass."""
@@ -1087,13 +1110,24 @@ class EvalFlow:
                 fam = None
             if fam and re.search(r"(?i)trainer|lightning|callback|pipeline", str(fam)):
                 return True
-        for b in self.symbols.class_bases.get(cls.name.value, []):
-            if _FRAMEWORK_BASES.search(b):
-                return True
+        for base in cls.bases:
+            b = dotted(base.value) or ""
             local = self.symbols.classes.get(b)
-            if local is not None and local is not cls and depth < 6 and self.framework_class(local, depth + 1):
-                return True
+            if local is not None and local is not cls:
+                if depth < 6 and self.framework_class(local, depth + 1):
+                    return True
+                continue
+            q = self.symbols.qualname(base.value)
+            if q is not None:
+                # imported: a framework's class only when it comes from a framework package (the project's own
+                # `BaseTrainer`, imported absolutely or relatively, is an ordinary class whose methods the user calls)
+                if q.split(".")[0] in _FRAMEWORK_PACKAGES and _FRAMEWORK_BASES.search(q):
+                    return True
+                continue
+            if _FRAMEWORK_BASES.search(b):
+                return True  # a name bertlint cannot resolve (star import): keep the framework's benefit of doubt
         return False
+
 
     def eval_name(self, scope: Scope) -> bool:
         if scope is None:

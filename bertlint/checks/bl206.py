@@ -19,7 +19,6 @@ from typing import Optional
 
 import libcst as cst
 
-from bertlint.analysis.walk import walk
 
 from bertlint.analysis.evalflow import torch_alias
 from bertlint.analysis.symbols import dotted
@@ -41,25 +40,14 @@ _DEPRECATED = {
 _AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
 
 
-class _Uses(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[cst.Call] = []
-        self.decorators: list[cst.Decorator] = []
-        self.imports: list[cst.CSTNode] = []
+class _Uses:
+    """Calls, name decorators and imports of the file, from the shared index (``ctx.index``), in source order."""
 
-    def visit_Import(self, node: cst.Import) -> None:
-        self.imports.append(node)
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        self.imports.append(node)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-    def visit_Decorator(self, node: cst.Decorator) -> None:
-        if isinstance(node.decorator, (cst.Name, cst.Attribute)):
-            self.decorators.append(node)
+    def __init__(self, index) -> None:
+        self.calls: list[cst.Call] = index.of(cst.Call)
+        self.decorators: list[cst.Decorator] = [d for d in index.of(cst.Decorator)
+                                                if isinstance(d.decorator, (cst.Name, cst.Attribute))]
+        self.imports: list[cst.CSTNode] = index.of(cst.Import, cst.ImportFrom)
 
 
 def _kw(name: str) -> dict:
@@ -176,8 +164,7 @@ def check(ctx) -> None:
     if "cuda.amp" not in src and "cpu.amp" not in src and not any(
             q.startswith(("torch.cuda.amp", "torch.cpu.amp")) for q in sym.imports.values()):
         return
-    uses = _Uses()
-    walk(ctx.module, uses)
+    uses = _Uses(ctx.index)
     found: list[tuple[cst.CSTNode, Optional[cst.Call], str, str, str]] = []
     for c in uses.calls:
         if not isinstance(c.func, (cst.Name, cst.Attribute)):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import libcst as cst
 
-from bertlint.analysis.walk import walk
 
 from bertlint.analysis.symbols import kwarg
 from bertlint.checks._trainer import TRAINER_ONLY_KEYS
@@ -14,14 +13,6 @@ from bertlint.registry import rule
 from bertlint.types import Applicability, Edit, Severity
 
 _TORCH_CKPT = {"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"}
-
-
-class _Calls(cst.CSTVisitor):
-    def __init__(self):
-        self.calls = []
-
-    def visit_Call(self, node):
-        self.calls.append(node)
 
 
 @rule("BL301", "checkpoint-use-reentrant-implicit", Severity.INFO,
@@ -32,9 +23,7 @@ def check(ctx) -> None:
         return
     t = ctx.symbols
     if "utils.checkpoint" in src or "checkpoint_sequential" in src:
-        v = _Calls()
-        walk(ctx.module, v)
-        for call in v.calls:
+        for call in ctx.index.of(cst.Call):
             q = t.qualname(call.func)
             if q not in _TORCH_CKPT or kwarg(call, "use_reentrant") is not None:
                 continue

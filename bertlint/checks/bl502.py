@@ -25,14 +25,19 @@ SAVED_PER_BATCH = "4.9 MB"  # REFERENCE §3.6 / exp_memory_patterns.out E: 2-lay
 def loop_accumulators(flow, loop) -> set[str]:
     """Names a loop carries across iterations: ``x += ...``, ``x = x + ...``, ``x.append(...)`` receivers."""
     out: set[str] = set()
+    fresh: set[str] = set()  # assigned anew earlier in the same iteration: `x = f(x)` then only rewrites it
     for s in flow.statements(loop.body):
         if isinstance(s, cst.AugAssign):
-            out.update(target_names(s.target))
+            out.update(n for n in target_names(s.target) if n not in fresh)
         elif isinstance(s, cst.Assign):
+            read = names_in(s.value)
             for t in s.targets:
                 for n in target_names(t.target):
-                    if n in names_in(s.value):
-                        out.add(n)
+                    if n in read:
+                        if n not in fresh:
+                            out.add(n)
+                    else:
+                        fresh.add(n)
         elif isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and isinstance(s.value.func, cst.Attribute):
             if s.value.func.attr.value in ("append", "extend", "add", "update", "insert"):
                 d = dotted(s.value.func.value)
@@ -171,6 +176,38 @@ def _caller_backwards(flow, scope) -> bool:
     return False
 
 
+def _single_forwards(ctx, flow, scope, fwds) -> None:
+    """Forwards outside any loop in a function that puts the model in eval mode first and trains nothing
+    (``sample_images()``: ``G.eval()`` then ``fake = G(real)``): one report per function, at the first such forward."""
+    if flow.framework_owned(scope) or flow.has_backward(scope) or flow.passes_optimizer(scope) or \
+            _uses_gradients(flow, scope):
+        return
+    for fwd in fwds:
+        if flow.grad_state(fwd) != ENABLED:
+            continue
+        recv = forward_receiver(fwd) or ""
+        if not recv or recv == "self" or frozen(flow, recv):
+            continue
+        ev = flow.eval_mode_before(fwd, {recv})
+        if ev is None or flow.loop_of(ev) is not None:
+            continue
+        if any(isinstance(r, cst.Return) and r.value is not None for r in flow.returns.get(scope, [])) and \
+                _caller_backwards(flow, scope):
+            return  # handed to a caller that differentiates it
+        fwd_text = ctx.module.code_for_node(fwd.func)
+        model = fwd_text.removesuffix(".forward")
+        ctx.report(
+            fwd,
+            f"`{fwd_text}(...)` runs in `{scope.name.value}()` after `{ctx.module.code_for_node(ev)}` with autograd "
+            f"on, and nothing in the function back-propagates: the forward records its graph and keeps its "
+            f"activations until the results are dropped, for a backward that never comes (torch 2.x). "
+            f"`{model}.eval()` does not turn gradients off. Fix: decorate `{scope.name.value}` with "
+            f"`@torch.no_grad()` (or run the forwards under `with torch.no_grad():`).",
+            data={"model": model, "reason": f"after `{ctx.module.code_for_node(ev)}`"},
+        )
+        return
+
+
 @rule(
     "BL502",
     "eval-without-no-grad",
@@ -183,14 +220,20 @@ def check(ctx) -> None:
     if not flow.torch_file:
         return
     groups: dict = {}
+    single: dict = {}  # function -> forwards outside any loop
     for c in flow.calls:
         if not flow.is_forward(c):
             continue
         # the innermost iteration: a comprehension's statement, else the enclosing for / while loop
         loop = _comprehension_statement(flow, c) or flow.loop_of(c)
         if loop is None:
+            sc = flow.scope_of(c)
+            if sc is not None:
+                single.setdefault(sc, []).append(c)
             continue
         groups.setdefault(loop, []).append(c)
+    for scope, fwds in single.items():
+        _single_forwards(ctx, flow, scope, fwds)
     for loop, fwds in groups.items():
         scope = flow.scope_of(loop)
         if flow.framework_owned(scope):

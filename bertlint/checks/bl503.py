@@ -7,8 +7,6 @@ import re
 
 import libcst as cst
 
-from bertlint.analysis.walk import walk
-
 from bertlint.analysis.symbols import call_name, kwarg, literal
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -77,14 +75,6 @@ def _eval_only(ctx, call: cst.Call) -> bool:
                if isinstance(s, cst.SimpleStatementLine) else False for s in uses)
 
 
-class _Calls(cst.CSTVisitor):
-    def __init__(self):
-        self.calls = []
-
-    def visit_Call(self, node):
-        self.calls.append(node)
-
-
 @rule("BL503", "static-padding", Severity.INFO,
       "padding=\"max_length\" for training data: activations scale with the longest length, not the data")
 def check(ctx) -> None:
@@ -95,9 +85,11 @@ def check(ctx) -> None:
         return  # nothing here trains: padding for inference or export is not a training cost
     if re.search(r"\b(xla|tpu|onnx|torch_xla)\b", src, re.IGNORECASE):
         return  # static shapes wanted on purpose
-    v = _Calls()
-    walk(ctx.module, v)
-    for call in v.calls:
+    if ctx.symbols.uses("diffusers"):
+        # text-to-image diffusion conditions the UNet on the text encoder's full fixed-length prompt embedding
+        # (CLIP's 77 positions, padding tokens included, as in its pre-training): the padding is part of the model
+        return
+    for call in ctx.index.of(cst.Call):
         e = kwarg(call, "padding")
         if e is None or literal(e) != "max_length":
             continue

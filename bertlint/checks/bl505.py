@@ -8,7 +8,6 @@ import re
 
 import libcst as cst
 
-from bertlint.analysis.walk import walk
 
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -35,60 +34,34 @@ def _runs_steps(loop) -> bool:
     return bool(_STEP_RE.search(text))
 
 
-class _V(cst.CSTVisitor):
-    def __init__(self, t):
-        self.t = t
-        self.loops = 0
-        self.guard = 0  # inside an if / try / with-handler below the loop
-        self.found = []
-
-    def visit_For(self, node):
-        # only loops that run training steps: a loop over runs, folds or epochs that calls train() may clear the
-        # cache between them on purpose
-        self._steps = getattr(self, "_steps", []) + [_runs_steps(node)]
-        self.loops += 1
-        self._saved = getattr(self, "_saved", []) + [self.guard]
-        self.guard = 0
-
-    def leave_For(self, node):
-        self._steps.pop()
-        self.loops -= 1
-        self.guard = self._saved.pop()
-
-    visit_While = visit_For
-    leave_While = leave_For
-
-    def visit_If(self, node):
-        self.guard += 1
-
-    def leave_If(self, node):
-        self.guard -= 1
-
-    def visit_Try(self, node):
-        self.guard += 1
-
-    def leave_Try(self, node):
-        self.guard -= 1
-
-    def visit_FunctionDef(self, node):
-        self._fsaved = getattr(self, "_fsaved", []) + [(self.loops, self.guard)]
-        self.loops, self.guard = 0, 0
-
-    def leave_FunctionDef(self, node):
-        self.loops, self.guard = self._fsaved.pop()
-
-    def visit_Call(self, node):
-        if self.loops and self._steps and self._steps[-1] and not self.guard and self.t.qualname(node.func) in _EMPTY:
-            self.found.append(node)
+def _per_step_calls(ctx) -> list:
+    """``empty_cache()`` calls that run on every iteration of a loop that runs training steps: the innermost
+    enclosing loop (in the same function) runs steps, and no ``if`` / ``try`` lies between it and the call. A loop
+    over runs, folds or epochs that calls train() may clear the cache between them on purpose."""
+    out = []
+    t = ctx.symbols
+    for call in ctx.index.of(cst.Call):
+        if t.qualname(call.func) not in _EMPTY:
+            continue
+        guarded, loop = False, None
+        for a in ctx.index.ancestors(call):
+            if isinstance(a, cst.FunctionDef):
+                break
+            if isinstance(a, (cst.If, cst.Try)):
+                guarded = True
+            elif isinstance(a, (cst.For, cst.While)):
+                loop = a
+                break
+        if loop is not None and not guarded and _runs_steps(loop):
+            out.append(call)
+    return out
 
 
 @rule("BL505", "empty-cache-in-loop", Severity.INFO, "torch.cuda.empty_cache() per step (slow; does not cure an OOM)")
 def check(ctx) -> None:
     src = ctx.source
     if "empty_cache" in src:
-        v = _V(ctx.symbols)
-        walk(ctx.module, v)
-        for call in v.found:
+        for call in _per_step_calls(ctx):
             ctx.report(
                 call,
                 "`empty_cache()` on every iteration: it returns the caching allocator's free blocks to the driver, "
