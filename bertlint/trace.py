@@ -62,6 +62,7 @@ class Factor:
     power: int = 0  # for user / framework factors: N ** power
     value: Optional[Fraction] = None  # for const factors
     who: str = ""  # "accelerate", "deepspeed", ... for framework factors
+    node: Any = field(default=None, compare=False, hash=False)  # where the producer saw it (static: the ``/ N``)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,11 @@ class Event:
     @property
     def name(self) -> str:
         return self.text or self.kind
+
+    @property
+    def key(self):
+        """Identifies the place (the same call on every micro-batch): the source line, else the producer's node."""
+        return self.line or id(self.node) if self.node is not None else self.line
 
 
 @dataclass
@@ -310,7 +316,7 @@ def _first_unique(vs: Iterable[Violation]) -> list:
     seen = set()
     out = []
     for v in vs:
-        key = (v.code, v.event.line)
+        key = (v.code, v.event.key)
         if key in seen:
             continue
         seen.add(key)
@@ -411,38 +417,44 @@ def _between(events: list, a: Event, b: Event) -> list:
     return events[i + 1:j]
 
 
+def scaled_twice(trace: Trace) -> list:
+    """BL104: the loss is divided by N once: a user ``/ N`` on top of the framework's own ``/ N`` (accelerate's
+    ``accelerator.backward``, the DeepSpeed engine) weights each micro-batch 1/N²."""
+    out = []
+    for b in trace.of("backward"):
+        if b.scale is None or not b.certain:
+            continue
+        user, fw = b.scale.by(ACCUM_USER), b.scale.by(ACCUM_FRAMEWORK)
+        if not user or not fw:
+            continue
+        f = fw[0]
+        n = trace.n
+        total = b.scale.value(n) * n if n and b.scale.value(n) is not None else None
+        msg = (f"micro-batch {b.mb + 1}: backward with loss × {b.scale.text(n)} (`/ {user[0].text}` by hand and "
+               f"{f.who or 'the framework'}'s own `/ {f.text}`) → a window of {n or 'N'} micro-batches weighs "
+               f"{_frac(total) if total is not None else '1/N'} in all, not 1")
+        out.append(Violation("BL104", b, msg, {"sum": str(total) if total is not None else None,
+                                               "factor": user[0]}))
+    return _first_unique(out)
+
+
 def window_weights(trace: Trace) -> list:
-    """BL103 / BL104: the loss scales of one full window sum to 1 (or the gradients are rescaled before the
-    step). Sum N (no division): BL103. A user 1/N on top of a framework 1/N: BL104."""
+    """BL103: the loss scales of one full window sum to 1, or the gradients are rescaled before the step (N
+    backwards with the raw loss sum to N)."""
     wins = trace.window_structure()
-    if not wins:
+    if not wins or trace.n is None or trace.n <= 1:
         return []
     out = []
     for w in wins:
         bws = [b for b in w.backwards if b.certain]
         if any(not b.certain for b in w.backwards) or any(e.kind == "rescale" for e in w.events):
             continue
-        if not bws or any(b.scale is None or not b.scale.known for b in bws):
+        if len(bws) != trace.n or any(b.scale is None or not b.scale.known for b in bws):
             continue
-        user = [b for b in bws if b.scale.by(ACCUM_USER)]
-        fw = [b for b in bws if b.scale.by(ACCUM_FRAMEWORK)]
-        if user and fw:
-            b = user[0]
-            f = b.scale.by(ACCUM_FRAMEWORK)[0]
-            total = sum((x.scale.value(trace.n) or 0) for x in bws) if trace.n else None
-            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × {b.scale.text(trace.n)} each "
-                   f"(`/ {b.scale.by(ACCUM_USER)[0].text}` by hand and {f.who or 'the framework'}'s own "
-                   f"`/ {f.text}`) → the window's weights sum to "
-                   f"{_frac(total) if total is not None else '1/N'}, not 1")
-            out.append(Violation("BL104", b, msg, {"sum": str(total) if total is not None else None}))
-            continue
-        if trace.n is None or trace.n <= 1 or len(bws) != trace.n:
+        if any(b.scale.by(ACCUM_USER) or b.scale.by(ACCUM_FRAMEWORK) for b in bws):
             continue
         vals = [b.scale.value(trace.n) for b in bws]
-        if any(v is None for v in vals):
-            continue
-        total = sum(vals)
-        if total == len(bws) and all(v == 1 for v in vals) and not user and not fw:
+        if all(v == 1 for v in vals):
             msg = (f"{w.mbs}: backward ×{len(bws)} with loss × 1 each, `{w.step.name}` after the "
                    f"{ordinal(len(bws))} → the update is the sum of {len(bws)} micro-batch gradients, "
                    f"{len(bws)}× the window's mean")
@@ -572,7 +584,7 @@ INVARIANTS: dict = {
     "BL101": steps_delayed,
     "BL102": grads_not_cleared_in_window,
     "BL103": window_weights,
-    "BL104": window_weights,
+    "BL104": scaled_twice,
     "BL105": scheduler_per_step,
     "BL107": first_window_complete,
     "BL112": clip_once_per_step,

@@ -78,7 +78,7 @@ def test_unscaled_and_doubly_scaled_windows():
         if (i + 1) % 4 == 0:
             tr.events.append(ev("step", 5, opt="opt"))
     vs = T.check(loop(4, twice), "BL104")
-    assert vs and "sum to 1/4" in vs[0].message
+    assert vs and "weighs 1/4 in all" in vs[0].message
     assert T.Scale((USER, FW)).value(4) == Fraction(1, 16) and T.Scale((USER, FW)).text(4) == "1/N² = 1/16"
 
 

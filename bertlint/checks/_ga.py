@@ -254,3 +254,110 @@ def report(ctx, loop: TrainingLoop, node, message: str, **kw):
     except Exception:
         pass
     return ctx.report(node, message, data=data, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- trace-based rules
+# The window rules read the dry run (bertlint/analysis/dryrun.py) and the invariants of bertlint/trace.py.
+
+
+def violations(ctx, code: str, owners: Optional[tuple] = None):
+    """(run, violation, trace) of one rule over every training loop, one per reported line."""
+    from bertlint.analysis import dryrun
+
+    seen = set()
+    for run in dryrun.of(ctx):
+        if owners is not None and run.loop.owner not in owners:
+            continue
+        for v, tr in run.violations(code):
+            if (code, v.event.line) in seen:
+                continue
+            seen.add((code, v.event.line))
+            yield run, v, tr
+
+
+def tsev(ev, default: Severity = Severity.ERROR) -> Severity:
+    """Receivers recognised only by their name lower an error to a warning."""
+    if default == Severity.ERROR and not ev.meta.get("confident", True):
+        return Severity.WARNING
+    return default
+
+
+def when(tr) -> str:
+    """`` (when `args.fp16` is set)`` — the configuration the finding needs, or ''."""
+    t = tr.config_text()
+    if tr.n_source == "N = 1":
+        t = (t + " and " if t else "when ") + f"`{tr.n_text}` is 1"
+    return f" ({t})" if t else ""
+
+
+def n_of(tr) -> str:
+    """``8`` / ``N`` (a representative value is not shown as the script's)."""
+    if tr.n is not None and tr.n_source == "resolved":
+        return str(tr.n)
+    return "N"
+
+
+def n_shown_t(tr) -> str:
+    if tr.n is not None and tr.n_source == "resolved" and tr.n_text != str(tr.n):
+        return f"`{tr.n_text}` (= {tr.n})"
+    return f"`{tr.n_text}`"
+
+
+def trace_note(tr) -> str:
+    """How the dry run was made: ``dry run with N = 4 (a representative value for `args.ga`)``."""
+    if tr.n is None:
+        return ""
+    if tr.n_source == "representative":
+        return f"; dry run with N = {tr.n} standing for `{tr.n_text}`"
+    return ""
+
+
+def tstmt(ev) -> Optional[cst.SimpleStatementLine]:
+    s = ev.meta.get("stmt")
+    if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and not ev.meta.get("depth"):
+        return s
+    return None
+
+
+def tmove_under(ctx, ev, anchor, msg: str):
+    """Unsafe fix: move ``ev``'s statement to just after ``anchor``'s (inside the step gate)."""
+    s, a = tstmt(ev), tstmt(anchor) if anchor is not None else None
+    if s is None or a is None or s is a:
+        return None
+    try:
+        text = code_of(s.body[0]).strip()
+        ins = ctx.edit_insert_line_after(a, text)
+        dele = delete_line_edit(ctx, s)
+        if ins.start.row == dele.start.row:
+            return None
+        return ctx.fix(msg, [dele, ins], Applicability.UNSAFE)
+    except Exception:
+        return None
+
+
+def tmove_before(ctx, ev, anchor, msg: str):
+    s, a = tstmt(ev), tstmt(anchor) if anchor is not None else None
+    if s is None or a is None or s is a:
+        return None
+    try:
+        text = code_of(s.body[0]).strip()
+        ins = ctx.edit_insert_line_before(a, text)
+        dele = delete_line_edit(ctx, s)
+        return ctx.fix(msg, [dele, ins], Applicability.UNSAFE)
+    except Exception:
+        return None
+
+
+def treport(ctx, run, tr, node, message: str, **kw):
+    """``ctx.report`` with the trace facts the verifier and ``explain`` use in ``data``."""
+    data = dict(kw.pop("data", None) or {})
+    try:
+        data.setdefault("n", tr.n if tr.n_source == "resolved" else None)
+        data.setdefault("n_text", tr.n_text)
+        data.setdefault("owner", run.loop.owner)
+        data.setdefault("loop_row", ctx.span(run.loop.node)[0].row)
+        if tr.config:
+            data.setdefault("config", dict(tr.config))
+    except Exception:
+        pass
+    return ctx.report(node, message, data=data, **kw)

@@ -1,34 +1,51 @@
 """BL101 optimizer-step-not-delayed: the optimizer steps on every micro-batch of a loop that accumulates.
 
-Reads ``ctx.loops``. Accumulation evidence (one is enough): the loss is divided by an accumulation factor,
-another call of the loop (``zero_grad``, ``scheduler.step``, ``scaler.update``) runs once per window, or an
-``Accelerator(gradient_accumulation_steps=N)`` divides the loss in ``accelerator.backward`` while no
-``accumulate()`` context delays the step. Not flagged: steps inside ``accelerator.accumulate()`` (the prepared
-optimizer is a no-op off the sync step), DeepSpeed ``engine.step()`` (must run every micro-batch), Trainer and
-Lightning loops (the framework steps)."""
+Invariant over the dry run (``bertlint.trace.steps_delayed``): when a backward's loss carries 1/N with N > 1 (the
+script divides by N, or ``accelerator.backward`` divides by the Accelerator's N), the optimizer's effective steps
+come once per N backwards, not after each one. Not flagged: steps inside ``accelerator.accumulate()`` (the
+prepared optimizer is a no-op off the sync step: the trace shows no effective step there), DeepSpeed
+``engine.step()`` (it owns the boundary), Trainer and Lightning loops (the framework steps)."""
 
 from __future__ import annotations
 
 from bertlint.checks import _ga
 from bertlint.registry import rule
-from bertlint.types import Applicability, Severity
+from bertlint.types import Applicability, Edit, Severity
 
 
-def evidence(ctx, loop):
-    """Why we believe the loop accumulates: a short phrase, or None."""
-    f = ctx.loops
-    divs = [d for d in loop.loss_divisions() if d.seq <= max((b.seq for b in loop.backwards), default=0) or d.in_backward_arg]
-    if divs:
-        return f"the loss is divided by `{divs[0].divisor_text}`", divs[0].divisor
-    for e in loop.of("opt_zero", "model_zero", "scaler_update"):
-        for g in e.frequency_gates:
-            if g.on_boundary and g.kind in ("modulo", "counter") and not _ga._logging(g.modulus_text or ""):
-                return f"`{e.name}()` runs only when `{g.text}`", g.modulus
-    if loop.owner == "accelerate-manual" and f.accelerator_ga is not None and f.accelerator_ga.is_more_than_one() is not False:
-        a = f.accelerator_ga
-        return (f"`Accelerator` is configured with {a.shown} accumulation steps, so `accelerator.backward` divides "
-                f"the loss by {a.n}, but no `with accelerator.accumulate(model):` delays the step"), a.expr
-    return None
+def _gate_text(run, tr) -> str:
+    loop = run.loop
+    if loop.index is not None:
+        start = loop.index.start
+        idx = loop.index.name if start == 1 else f"{loop.index.name} + 1"
+        return f"({idx}) % {tr.n_text} == 0" if start != 1 else f"{idx} % {tr.n_text} == 0"
+    return ""
+
+
+def _fix(ctx, run, tr, step):
+    st = _ga.tstmt(step)
+    gate = _gate_text(run, tr)
+    if st is None or not gate:
+        return None
+    block = step.meta.get("block") or []
+    try:
+        i = next(k for k, b in enumerate(block) if b is st)
+    except StopIteration:
+        return None
+    followers = {id(e.meta.get("stmt")) for e in tr.events
+                 if e.kind in ("zero_grad", "update", "sched_step") and e.mb == step.mb and _ga.tstmt(e) is not None}
+    group = [st]
+    for nxt in block[i + 1:]:
+        if id(nxt) in followers:
+            group.append(nxt)
+        else:
+            break
+    indent = ctx.indent_of(st)
+    start, _ = ctx.span(group[0])
+    _, end = ctx.span(group[-1])
+    body = "\n".join(f"{indent}    {_ga.code_of(g.body[0]).strip()}" for g in group)
+    return ctx.fix(f"Run `{step.text}` only on the window's last micro-batch", [Edit(f"if {gate}:\n{body}", start, end)],
+                   Applicability.UNSAFE)
 
 
 @rule(
@@ -39,67 +56,19 @@ def evidence(ctx, loop):
     fix=Applicability.UNSAFE,
 )
 def check(ctx) -> None:
-    for loop in ctx.loops:
-        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.single_optimizer(loop):
+    for run, v, tr in _ga.violations(ctx, "BL101", _ga.PLAIN_OWNERS):
+        step = v.event
+        if step.via == "engine":
             continue
-        if not loop.backwards or not all(b.per_micro_batch for b in loop.backwards):
-            continue
-        ev = evidence(ctx, loop)
-        if ev is None:
-            continue
-        why, _ = ev
-        n = _ga.times(loop)
-        for e in loop.steps:
-            if not e.per_micro_batch:
-                continue
-            if e.kind == "opt_step" and any(s.kind == "scaler_step" for s in loop.steps):
-                continue
-            gate_txt = None
-            for o in loop.events:
-                for g in o.frequency_gates:
-                    if g.on_boundary and g.kind == "modulo":
-                        gate_txt = g.text
-                        break
-                if gate_txt:
-                    break
-            if gate_txt is None and loop.index is not None and loop.accum() is not None:
-                gate_txt = f"({loop.index.name} + 1) % {loop.accum().text} == 0"
-            fix = None
-            st = _ga.stmt_of(e)
-            if st is not None and gate_txt and not e.via:
-                # wrap the step and the calls that belong with it right after (zero_grad, scheduler, scaler.update)
-                group = [st]
-                block = e.block or []
-                try:
-                    i = next(k for k, b in enumerate(block) if b is st)
-                except StopIteration:
-                    i = None
-                if i is not None:
-                    followers = {id(o.stmt) for o in loop.of("opt_zero", "model_zero", "scaler_update", "sched_step")
-                                 if o.per_micro_batch and not o.via and _ga.stmt_of(o) is not None}
-                    for nxt in block[i + 1:]:
-                        if id(nxt) in followers:
-                            group.append(nxt)
-                        else:
-                            break
-                indent = ctx.indent_of(st)
-                start, _ = ctx.span(group[0])
-                _, end = ctx.span(group[-1])
-                body = "\n".join(f"{indent}    {_ga.code_of(g.body[0]).strip()}" for g in group)
-                from bertlint.types import Edit
-
-                fix = ctx.fix(
-                    f"Run `{e.name}()` only on the window's last micro-batch",
-                    [Edit(f"if {gate_txt}:\n{body}", start, end)],
-                    Applicability.UNSAFE,
-                )
-            _ga.report(
-                ctx, loop,
-                e.call,
-                f"`{e.name}()` runs on every micro-batch although the loop accumulates gradients ({why}): each "
-                f"update sees one micro-batch instead of {n} (effective batch = micro-batch, not micro-batch × {n}), "
-                f"and a divided loss makes every update {n}× too small. Step (and zero the gradients) only when "
-                f"`{gate_txt or '(step + 1) % N == 0'}`, or let `accelerator.accumulate(model)` do it. ({_ga.owner_note(ctx, loop)})",
-                fix=fix,
-                severity=_ga.sev(e),
-            )
+        n = _ga.n_of(tr)
+        gate = _gate_text(run, tr) or "(step + 1) % N == 0"
+        _ga.treport(
+            ctx, run, tr, step.node,
+            f"`{step.text}` runs on every micro-batch although the loop accumulates gradients{_ga.when(tr)}: "
+            f"{v.message}. Each update sees one micro-batch instead of {n} (effective batch = micro-batch, not "
+            f"micro-batch × {n}), and every update is {n}× too small. Step (and zero the gradients) only when "
+            f"`{gate}`, or let `accelerator.accumulate(model)` do it. ({_ga.owner_note(ctx, run.loop)}"
+            f"{_ga.trace_note(tr)})",
+            fix=_fix(ctx, run, tr, step),
+            severity=_ga.tsev(step),
+        )

@@ -20,36 +20,11 @@ from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
 
-def divisions_into_backward(loop, bw):
-    """Divisions whose result is the loss handed to ``bw``."""
-    target = dotted(bw.arg) if bw.arg is not None else None
-    out = []
-    for d in loop.divisions:
-        if d.in_backward_arg and d.seq <= bw.seq + 1 and _inside(d.node, bw.call):
-            out.append(d)
-        elif target and d.var == target and d.seq < bw.seq:
-            out.append(d)
-    return out
-
-
-def _inside(node, call) -> bool:
-    found = [False]
-
-    class V(cst.CSTVisitor):
-        def on_visit(self, n) -> bool:
-            if n is node:
-                found[0] = True
-            return not found[0]
-
-    call.visit(V())
-    return found[0]
-
-
-def _fix_drop(ctx, d):
-    """Drop the ``/ N``: ``loss / N`` -> ``loss`` (BinaryOperation) or delete ``loss /= N``."""
+def _fix_drop(ctx, node):
+    """Drop the ``/ N``: ``loss / N`` -> ``loss``."""
     try:
-        if isinstance(d.node, cst.BinaryOperation):
-            return ctx.fix("Drop the manual division", [ctx.edit_replace(d.node, code_of(d.node.left).strip())],
+        if isinstance(node, cst.BinaryOperation):
+            return ctx.fix("Drop the manual division", [ctx.edit_replace(node, code_of(node.left).strip())],
                            Applicability.UNSAFE)
     except Exception:
         return None
@@ -65,47 +40,23 @@ def _fix_drop(ctx, d):
 )
 def check(ctx) -> None:
     f = ctx.loops
-    seen = set()
-    for loop in f:
-        for bw in loop.backwards:
-            style = bw.backward_style
-            if style == "accelerator":
-                ga = f.accelerator_ga
-                if ga is None or ga.is_more_than_one() is False:
-                    continue
-                for d in divisions_into_backward(loop, bw):
-                    if not f.is_accum_expr(d.divisor, loop) or id(d.node) in seen:
-                        continue
-                    seen.add(id(d.node))
-                    n = str(ga.value) if ga.value is not None else "N"
-                    _ga.report(
-                        ctx, loop,
-                        d.node,
-                        f"The loss is divided by `{d.divisor_text}` by hand, but `accelerator.backward()` already divides "
-                        f"it by `gradient_accumulation_steps` ({ga.shown}, {_ga.fw(ctx, 'accelerate')}): each micro-batch "
-                        f"is weighted {'1/' + str(ga.value * ga.value) if ga.value else '1/N²'} instead of 1/{n}, so every "
-                        f"update is 1/{n} of the full-batch one (0.25× at N=4 in accelerate's own experiment). Pass the "
-                        f"raw loss: `accelerator.backward(loss)`.",
-                        fix=_fix_drop(ctx, d),
-                    )
-            elif style == "engine" and bw.receiver and f.kinds.get(bw.receiver) == "engine":
-                if kwarg(bw.call, "scale_wrt_gas") is not None:
-                    continue
-                for d in divisions_into_backward(loop, bw):
-                    if not f.is_accum_expr(d.divisor, loop) or id(d.node) in seen:
-                        continue
-                    seen.add(id(d.node))
-                    dv = f.factor(d.divisor, "division", loop.func).value
-                    _ga.report(
-                        ctx, loop,
-                        d.node,
-                        f"`{bw.receiver}.backward()` already divides the loss by the engine's "
-                        f"`gradient_accumulation_steps` ({_ga.fw(ctx, 'deepspeed', 'DeepSpeed')}, `scale_wrt_gas=True`): "
-                        f"dividing by `{d.divisor_text}`{' (= ' + str(dv) + ')' if dv else ''} as well makes every update "
-                        f"1/{dv or 'N'} of the intended one "
-                        f"(0.25× at N=4 on every ZeRO stage). Pass the raw loss.",
-                        fix=_fix_drop(ctx, d),
-                    )
+    for run, v, tr in _ga.violations(ctx, "BL104"):
+        bw = v.event
+        user = v.data.get("factor")
+        node = user.node if user is not None and user.node is not None else bw.node
+        if bw.via == "accelerator":
+            ga = f.accelerator_ga
+            shown = ga.shown if ga is not None else "`gradient_accumulation_steps`"
+            msg = (f"The loss is divided by `{user.text}` by hand, but `accelerator.backward()` already divides it by "
+                   f"`gradient_accumulation_steps` ({shown}, {_ga.fw(ctx, 'accelerate')}){_ga.when(tr)}: "
+                   f"{v.message}; every update is 1/{_ga.n_of(tr)} of the full-batch one (0.25× at N=4 in "
+                   f"accelerate's own experiment). Pass the raw loss: `accelerator.backward(loss)`.")
+        else:
+            msg = (f"`{bw.text.split('(')[0]}()` already divides the loss by the engine's `gradient_accumulation_steps` "
+                   f"({_ga.fw(ctx, 'deepspeed', 'DeepSpeed')}, `scale_wrt_gas=True`){_ga.when(tr)}: {v.message}; "
+                   f"every update is 1/{_ga.n_of(tr)} of the intended one (0.25× at N=4 on every ZeRO stage). "
+                   f"Pass the raw loss.")
+        _ga.treport(ctx, run, tr, node, msg, fix=_fix_drop(ctx, node))
     _lightning(ctx, f)
 
 

@@ -2,9 +2,10 @@
 once per window, with a schedule whose length counts optimizer steps: the schedule runs N times too fast
 (REFERENCE §3.5: an LR meant to reach 0.5 after 5 of 10 optimizer steps is already 0.00).
 
-Not flagged: accelerate-prepared schedulers inside ``accumulate()`` (no-op off the sync step); a schedule built
-in micro-batch units (its length is ``len(dl) * epochs`` with no ``/ N``) — that pairing is consistent; a schedule
-whose length the file does not show (we do not guess)."""
+Invariant over the dry run (``bertlint.trace.scheduler_per_step``): effective scheduler steps = effective optimizer
+steps. Not flagged: accelerate-prepared schedulers inside ``accumulate()`` (no-ops off the sync step: the trace
+shows them not taking effect); a schedule built in micro-batch units (its length is ``len(dl) * epochs`` with no
+``/ N``) — that pairing is consistent; a schedule whose length the file does not show (we do not guess)."""
 
 from __future__ import annotations
 
@@ -22,30 +23,24 @@ from bertlint.types import Applicability, Severity
 )
 def check(ctx) -> None:
     f = ctx.loops
-    for loop in f:
-        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.accum_gated(loop) or not _ga.single_optimizer(loop):
+    for run, v, tr in _ga.violations(ctx, "BL105", _ga.PLAIN_OWNERS):
+        e = v.event
+        length, _call = _ga.sched_length(f, e.target)
+        if length is None:
             continue
-        acc = loop.accum()
-        n = _ga.times(loop)
-        anchor = _ga.last_window_event(loop)
-        for e in loop.of("sched_step"):
-            if not e.per_micro_batch:
-                continue
-            length, _call = _ga.sched_length(f, e.receiver)
-            if length is None:
-                continue
-            units = f.units_of(length, loop.func, acc.text if acc else None)
-            if units != "optimizer-steps":
-                continue
-            fix = _ga.move_under(ctx, e, anchor, f"Step the scheduler only after the optimizer step") if anchor else None
-            _ga.report(
-                ctx, loop,
-                e.call,
-                f"`{e.name}()` runs on every micro-batch, but the optimizer steps once per {_ga.n_shown(loop)} "
-                f"micro-batches and the schedule length `{_ga.code_of(length).strip()}` counts optimizer steps: warm-up and "
-                f"decay run {n}× too fast (the learning rate reaches its final value after 1/{n} of training) and the "
-                f"LR changes between updates. Call it right after `optimizer.step()`, inside the same gate. "
-                f"({_ga.owner_note(ctx, loop)})",
-                fix=fix,
-                severity=_ga.sev(e),
-            )
+        acc = run.loop.accum()
+        units = f.units_of(length, run.loop.func, acc.text if acc is not None else None)
+        if units != "optimizer-steps":
+            continue
+        anchor = next((s for s in tr.effective_steps() if s.mb >= e.mb), None)
+        n = _ga.n_of(tr)
+        _ga.treport(
+            ctx, run, tr, e.node,
+            f"`{e.text}` runs on every micro-batch{_ga.when(tr)}: {v.message}, while the schedule length "
+            f"`{_ga.code_of(length).strip()}` counts optimizer steps: warm-up and decay run {n}× too fast (the "
+            f"learning rate reaches its final value after 1/{n} of training) and the LR changes between updates. "
+            f"Call it right after `optimizer.step()`, inside the same gate. ({_ga.owner_note(ctx, run.loop)}"
+            f"{_ga.trace_note(tr)})",
+            fix=_ga.tmove_under(ctx, e, anchor, "Step the scheduler only after the optimizer step"),
+            severity=_ga.tsev(e),
+        )

@@ -1,6 +1,9 @@
 """BL112 clip-each-micro-batch: gradient clipping on every micro-batch of an accumulation window clips partial
 sums (and, after ``scaler.unscale_``, fp16 raises). Clip once, right before the optimizer step; inside
-``accelerator.accumulate()`` guard it with ``if accelerator.sync_gradients:``."""
+``accelerator.accumulate()`` guard it with ``if accelerator.sync_gradients:``.
+
+Invariant over the dry run (``bertlint.trace.clip_once_per_step``): one clip per update, after the window's last
+backward."""
 
 from __future__ import annotations
 
@@ -12,35 +15,17 @@ from bertlint.types import Applicability, Severity
 @rule("BL112", "clip-each-micro-batch", Severity.WARNING, "gradient clipping on every micro-batch (partial sums)",
       fix=Applicability.UNSAFE)
 def check(ctx) -> None:
-    f = ctx.loops
-    for loop in f:
-        owner = loop.owner
-        if owner in _ga.PLAIN_OWNERS and _ga.accum_gated(loop) and _ga.single_optimizer(loop):
-            anchor = next((e for e in loop.steps if e.per_window), None)
-            for e in loop.of("clip"):
-                if not e.per_micro_batch:
-                    continue
-                fix = _ga.move_before(ctx, e, anchor, "Clip once per window, right before the step") if anchor else None
-                _ga.report(
-                ctx, loop,
-                    e.call,
-                    f"`{e.name}()` runs on every micro-batch while the optimizer steps once per {_ga.n_shown(loop)}: it "
-                    f"clips partial sums of the window's gradient (the first micro-batches are clipped more than the "
-                    f"last), so the update is not the clipped full-batch gradient. Clip once, right before the step, "
-                    f"inside the gate. ({_ga.owner_note(ctx, loop)})",
-                    fix=fix,
-                )
-        elif owner == "accelerate":
-            ga = f.accelerator_ga
-            if ga is None or ga.is_more_than_one() is False:
-                continue
-            for e in loop.of("clip"):
-                if not e.in_accumulate or not e.per_micro_batch:
-                    continue
-                _ga.report(
-                ctx, loop,
-                    e.call,
-                    f"`{e.name}()` runs on every micro-batch inside `accelerator.accumulate()` ({ga.shown} steps, "
-                    f"{_ga.fw(ctx, 'accelerate')}): it clips partial sums of the window's gradient. Guard it with "
-                    f"`if accelerator.sync_gradients:`.",
-                )
+    for run, v, tr in _ga.violations(ctx, "BL112", _ga.PLAIN_OWNERS + ("accelerate",)):
+        e = v.event
+        if e.meta.get("in_accumulate"):
+            msg = (f"`{e.text}` runs on every micro-batch inside `accelerator.accumulate()` "
+                   f"({_ga.fw(ctx, 'accelerate')}){_ga.when(tr)}: {v.message}. Guard it with "
+                   f"`if accelerator.sync_gradients:`.")
+            fix = None
+        else:
+            anchor = next((s for s in tr.effective_steps() if s.mb >= e.mb), None)
+            msg = (f"`{e.text}` runs on every micro-batch{_ga.when(tr)}: {v.message} (the first micro-batches are "
+                   f"clipped more than the last), so the update is not the clipped full-batch gradient. Clip once, "
+                   f"right before the step, inside the gate. ({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})")
+            fix = _ga.tmove_before(ctx, e, anchor, "Clip once per window, right before the step")
+        _ga.treport(ctx, run, tr, e.node, msg, fix=fix)

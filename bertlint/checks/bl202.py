@@ -1,7 +1,9 @@
 """BL202 scaler-calls-each-micro-batch: ``scaler.unscale_()`` / ``scaler.update()`` on micro-batches that do not
 step. ``update()`` without a ``step()`` raises ``No inf checks were recorded prior to update`` (or, after an
 unscale, changes the scale inside a window); a second ``unscale_()`` before ``update()`` raises
-``unscale_() has already been called on this optimizer since the last update()`` (REFERENCE §3.2)."""
+``unscale_() has already been called on this optimizer since the last update()`` (REFERENCE §3.2).
+
+Invariant over the dry run (``bertlint.trace.scaler_calls_per_step``)."""
 
 from __future__ import annotations
 
@@ -13,30 +15,19 @@ from bertlint.types import Applicability, Severity
 @rule("BL202", "scaler-calls-each-micro-batch", Severity.ERROR,
       "scaler.unscale_() / scaler.update() on micro-batches that do not step", fix=Applicability.UNSAFE)
 def check(ctx) -> None:
-    for loop in ctx.loops:
-        if loop.owner not in _ga.PLAIN_OWNERS or not _ga.single_optimizer(loop):
-            continue
-        ssteps = loop.of("scaler_step")
-        if not ssteps or not all(s.per_window for s in ssteps):
-            continue
-        anchor = ssteps[-1]
-        n = _ga.times(loop)
-        for e in loop.of("scaler_unscale", "scaler_update"):
-            if not e.per_micro_batch:
-                continue
-            if e.kind == "scaler_update":
-                what = (f"on the {n} - 1 micro-batches that do not step it finds no inf checks and raises "
-                        f"`AssertionError: No inf checks were recorded prior to update.`")
-                fix = _ga.move_under(ctx, e, anchor, "Call update() right after scaler.step()")
-            else:
-                what = (f"it unscales a partial sum, and the next micro-batch adds *scaled* gradients to the unscaled "
-                        f"ones; the second call in a window raises `RuntimeError: unscale_() has already been called "
-                        f"on this optimizer since the last update().`")
-                fix = _ga.move_before(ctx, e, anchor, "Unscale once per window, right before clipping / step")
-            _ga.report(
-                ctx, loop,
-                e.call,
-                f"`{e.name}()` runs on every micro-batch while `{anchor.name}()` runs once per {_ga.n_shown(loop)} "
-                f"(torch.amp GradScaler): {what}. Call it only inside the step gate.",
-                fix=fix,
-            )
+    for run, v, tr in _ga.violations(ctx, "BL202", _ga.PLAIN_OWNERS):
+        e = v.event
+        steps = [s for s in tr.of("step") if s.via == "scaler"]
+        anchor = next((s for s in steps if tr.events.index(s) > tr.events.index(e)), steps[-1] if steps else None)
+        if v.data.get("error") == "unscale twice":
+            fix = None
+        elif e.kind == "update":
+            fix = _ga.tmove_under(ctx, e, anchor, "Call update() right after scaler.step()")
+        else:
+            fix = _ga.tmove_before(ctx, e, anchor, "Unscale once per window, right before clipping / step")
+        _ga.treport(
+            ctx, run, tr, e.node,
+            f"`{e.text}` runs on micro-batches where the optimizer does not step (torch.amp GradScaler, "
+            f"{_ga.fw(ctx, 'torch')}){_ga.when(tr)}: {v.message}. Call it only inside the step gate.",
+            fix=fix,
+        )

@@ -1,0 +1,1464 @@
+"""The training-loop dry run: execute each training loop's body abstractly and record a :class:`bertlint.trace.Trace`.
+
+For every training loop found by :mod:`bertlint.analysis.loops` the body is run statement by statement over two
+epochs of a simulated loader long enough to hold two full accumulation windows and a partial tail
+(``2 N + 2`` micro-batches), with
+
+- the accumulation factor N resolved from the script (``N`` = its value), or a representative ``N = 4`` when it is a
+  symbol (``args.gradient_accumulation_steps``), and separately ``N = 1`` (so ``if N > 1: … else: …`` runs each arm
+  in the run where it applies);
+- ``enumerate`` / ``range`` indices with their start, hand counters (``step += 1``) with the value they had before
+  the loop, ``%`` / ``//`` / comparisons, ``len(loader)`` (the simulated length), ``continue`` / ``break`` /
+  ``return`` (a guard ends the loop or skips the iteration; it never gates the rest of the body);
+- inner micro-batch loops (``for micro in range(N)``), same-file functions, methods and closures inlined with their
+  arguments bound;
+- conditions that do not change inside the loop and cannot be decided (``args.fp16``, ``config.CLIP_GRAD``) split
+  the run into configurations (at most 3 such conditions, 8 runs); a condition that changes and cannot be decided
+  makes the events under it *uncertain* (they may or may not run): invariants never conclude from them;
+- framework semantics (``REFERENCE.md``): ``accelerator.backward`` divides by the Accelerator's N (unknown when the
+  Accelerator is not built in this file), ``accumulate()`` syncs every N-th entry and at the end of the loader and
+  makes the prepared optimizer / scheduler no-ops off the sync step; ``engine.backward`` divides by the engine's GAS
+  and ``engine.step()`` takes effect on its boundary; ``scaler.scale(loss).backward()`` scales the gradients until
+  ``unscale_``; ``no_sync()`` regions are marked.
+
+The loss scale reaching a backward comes from data flow: ``loss = out.loss / N`` gives ``1/N`` because the value
+handed to ``backward`` was divided, not because a ``/`` appears in the loop's text. Anything not understood yields
+unknown values (no finding), never an exception.
+
+API::
+
+    dr = dryrun.of(ctx)            # cached per file
+    for run in dr:                 # one LoopRun per training loop
+        run.loop                   # the loops.TrainingLoop (node, func, owner, ...)
+        run.traces                 # list[Trace]: one per (N, configuration)
+        run.violations(code)       # invariants of bertlint.trace over every trace, deduplicated by line
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+from typing import Any, Optional
+
+import libcst as cst
+
+from bertlint import trace as T
+from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
+
+REPRESENTATIVE_N = 4
+MAX_SPLITS = 3
+BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
+
+
+class _Unk:
+    __slots__ = ("inv", "text")
+
+    def __init__(self, inv: bool = False, text: str = "") -> None:
+        self.inv = inv  # loop-invariant unknown (a configuration value)
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"UNK({self.text})"
+
+
+UNK = _Unk()
+
+
+class Num:
+    """An integer (``v``, None when unknown) and whether it is the accumulation factor."""
+
+    __slots__ = ("v", "is_n", "text")
+
+    def __init__(self, v: Optional[int], is_n: bool = False, text: str = "") -> None:
+        self.v = v
+        self.is_n = is_n
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Num({self.v}{', N' if self.is_n else ''})"
+
+
+class Tensor:
+    """A value carrying a graph (a loss, an output): its scale relative to the raw loss."""
+
+    __slots__ = ("scale", "graph", "node")
+
+    def __init__(self, scale: Optional[T.Scale], graph: bool = True, node=None) -> None:
+        self.scale = scale  # None: unknown
+        self.graph = graph
+        self.node = node
+
+
+class _Split(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+class _Abort(Exception):
+    pass
+
+
+_BUILTINS_NUM = {"len", "int", "min", "max", "abs", "round", "sum"}
+_NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data"}
+_KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "numpy", "math",
+               "tqdm", "datasets", "evaluate", "peft", "diffusers", "timm", "bitsandbytes", "sklearn", "functools",
+               "apex", "fairscale", "einops", "random", "os", "sys", "time", "logging", "wandb", "collections")
+
+
+class LoopRun:
+    def __init__(self, loop, traces: list, dr=None) -> None:
+        self.loop = loop
+        self.traces = traces
+        self.dr = dr
+
+    def dr_fill(self, v, tr) -> None:
+        """Source lines are looked up only for what is reported (positions cost as much as a parse)."""
+        if self.dr is None:
+            return
+        for e in [v.event] + list(v.related):
+            if not e.line and e.node is not None:
+                e.line = self.dr.line(e.node)
+            c = e.meta.get("cond")
+            if c is not None and not e.cond_line:
+                e.cond_line = self.dr.line(c)
+        if not tr.line:
+            tr.line = self.dr.line(self.loop.node)
+
+    def fill_lines(self) -> None:
+        """Every event's source line (``explain``, the verifier's comparison)."""
+        for tr in self.traces:
+            for e in tr.events:
+                if not e.line and e.node is not None:
+                    e.line = self.dr.line(e.node)
+            tr.line = self.dr.line(self.loop.node)
+
+    def violations(self, code: str) -> list:
+        """(violation, trace) pairs of one rule over every configuration, one per line."""
+        out = []
+        seen = set()
+        for tr in self.traces:
+            if not tr.complete:
+                continue
+            for v in T.check(tr, code):
+                self.dr_fill(v, tr)
+                key = (v.code, v.event.line)
+                if key in seen:
+                    continue
+                seen.add(key)
+                out.append((v, tr))
+        return out
+
+    @property
+    def main(self) -> Optional[T.Trace]:
+        return self.traces[0] if self.traces else None
+
+
+class FileDryRun:
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.f = ctx.loops
+        self.runs: list[LoopRun] = []
+        self._lines: dict = {}
+        self._codes: dict = {}
+        self._defs: dict = {}
+        self._nc: dict = {}
+        self._inside: dict = {}
+        for loop in self.f:
+            try:
+                self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
+            except RecursionError:
+                self.runs.append(LoopRun(loop, [], self))
+
+    def __iter__(self):
+        return iter(self.runs)
+
+    def run_of(self, loop) -> Optional[LoopRun]:
+        for r in self.runs:
+            if r.loop is loop:
+                return r
+        return None
+
+    def code(self, node) -> str:
+        k = id(node)
+        v = self._codes.get(k)
+        if v is None:
+            v = self._codes[k] = code_of(node).strip()
+        return v
+
+    def names_calls(self, expr) -> tuple:
+        k = id(expr)
+        v = self._nc.get(k)
+        if v is None:
+            v = self._nc[k] = (_names(expr), _has_call(expr))
+        return v
+
+    def local_defs(self, func) -> dict:
+        k = id(func)
+        v = self._defs.get(k)
+        if v is None:
+            v = self._defs[k] = _local_defs(func)
+        return v
+
+    def inside(self, node) -> set:
+        k = id(node)
+        v = self._inside.get(k)
+        if v is None:
+            v = self._inside[k] = _ids_in(node)
+        return v
+
+    def line(self, node) -> int:
+        k = id(node)
+        v = self._lines.get(k)
+        if v is None:
+            try:
+                v = self.ctx.span(node)[0].row
+            except Exception:
+                v = 0
+            self._lines[k] = v
+        return v
+
+
+def of(ctx) -> FileDryRun:
+    d = ctx.__dict__.get("_dryrun")
+    if d is None:
+        d = FileDryRun(ctx)
+        ctx.__dict__["_dryrun"] = d
+    return d
+
+
+# ------------------------------------------------------------------------------------------------ roles adapter
+# Until bertlint/analysis/roles.py lands, receivers are classified by loops.FileLoops (constructors, prepare /
+# initialize unpacking, and name hints). Everything role-related goes through these two functions.
+
+
+def _role(f, recv: Optional[str]) -> tuple[Optional[str], bool]:
+    return f.receiver_kind(recv)
+
+
+def _backward_style(f, call: cst.Call) -> Optional[str]:
+    from bertlint.analysis.loops import backward_style
+
+    return backward_style(call, f)
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def _run_loop(dr: FileDryRun, loop) -> list:
+    f = dr.f
+    acc = loop.accum()
+    n_text = acc.text if acc is not None else ""
+    if acc is not None and acc.value is not None:
+        ns = [(acc.value, "resolved")]
+    elif acc is not None:
+        ns = [(REPRESENTATIVE_N, "representative"), (1, "N = 1")]
+    else:
+        ns = [(None, "none")]
+    traces = []
+    for n, src in ns:
+        pending = [{}]
+        done = 0
+        while pending and done < 2 ** MAX_SPLITS:
+            cfg = pending.pop(0)
+            r = _Runner(dr, loop, n, n_text, cfg)
+            try:
+                tr = r.run()
+            except _Split as s:
+                if len(cfg) >= MAX_SPLITS:
+                    continue
+                pending.append({**cfg, s.key: True})
+                pending.append({**cfg, s.key: False})
+                continue
+            except (_Abort, RecursionError):
+                tr = r.trace
+                tr.complete = False
+            tr.n_source = src
+            if src == "N = 1":
+                tr.config = {**tr.config}
+            traces.append(tr)
+            done += 1
+    return traces
+
+
+class _Frame:
+    __slots__ = ("locals", "func", "cls", "ret", "depth")
+
+    def __init__(self, func, cls, depth: int) -> None:
+        self.locals: dict = {}
+        self.func = func
+        self.cls = cls
+        self.ret: Any = None
+        self.depth = depth
+
+
+class _Runner:
+    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict) -> None:
+        self.dr = dr
+        self.f = dr.f
+        self.t = dr.f.t
+        self.loop = loop
+        self.n = n
+        self.n_text = n_text
+        self.config = config
+        self.micro = loop.window_of if loop.window_of is not None else loop.node
+        self.length = (2 * n + 2) if n and n > 1 else 4
+        self.trace = T.Trace(n=n, n_text=n_text or "N", config=dict(config), owner=loop.owner,
+                             epoch_len=None, line=0)
+        self.trace.n_intended = bool(n and n > 1)
+        self.mb = -1
+        self.epoch = 0
+        self.certain = True
+        self.conds: list = []
+        self.no_sync = 0
+        self.in_acc = 0
+        self.sync: Optional[bool] = True
+        self.acc_step = 0
+        self.last_iter = False
+        self.scaled = False  # gradients hold a scaler-scaled backward not yet unscaled
+        self.engine_micro = 0
+        self.shared: dict = {}  # self.* attributes
+        self._loader = None
+        self._inside: set = set()
+        self._stmt_node = None
+        self._cur_block: list = []
+        self.depth = 0
+        self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
+        self.scaler_on = _scaler_enabled(dr.f)
+        self.cost = 0
+        self.loop_names = loop.assigned or set()
+        self.local_defs = dr.local_defs(loop.func)
+        self.acc_n = self._accelerator_n()
+
+    # ------------------------------------------------------------------ facts
+    def _accelerator_n(self):
+        """(value, text, known) of the Accelerator's accumulation factor: its value, the symbol's representative,
+        1 when an Accelerator is built without one; None when the file does not show it (passed in, **kwargs)."""
+        f = self.f
+        ga = f.accelerator_ga
+        if f.accelerator_ga_unknown:
+            return None
+        if ga is not None:
+            if ga.value is not None:
+                return (ga.value, ga.text)
+            if self.n_text and ga.text == self.n_text:
+                return (self.n, ga.text)
+            return (self.n if self.n and self.n > 1 else None, ga.text)
+        if f.accelerator_calls:
+            return (1, "1")
+        return None
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> T.Trace:
+        loop = self.loop
+        chain = [o for o in loop.outer] + [loop.node]
+        outermost = chain[0]
+        self._inside = self.dr.inside(outermost)
+        # the statements before the outermost loop, along the path from the function body
+        path = _path_to(loop.func.body if loop.func is not None else self.dr.ctx.module, outermost) or []
+        # no epoch loop around it: the function holding the loop is entered twice (two epochs)
+        passes = 2 if len(chain) == 1 else 1
+        for p in range(passes):
+            frame = _Frame(loop.func, loop.cls, 0)
+            if p:
+                self.epoch += 1
+            for block, idx in path:
+                for stmt in block[:idx]:
+                    if isinstance(stmt, cst.SimpleStatementLine):
+                        self._simple_line(stmt, frame, prefix=True)
+            if self._exec_loop(outermost, frame, chain, 0) == "return" and not passes:
+                break
+        self.trace.epochs = 2
+        self.trace.epoch_len = self.length
+        return self.trace
+
+    def tick(self, k: int = 1) -> None:
+        self.cost += k
+        if self.cost > BUDGET:
+            raise _Abort()
+
+    # ------------------------------------------------------------------ loops
+    def _exec_loop(self, node, frame, chain, level) -> Optional[str]:
+        """Run a loop of the chain (epoch loops, then the training loop) or the micro-batch loop."""
+        is_micro = node is self.micro
+        is_train = node is self.loop.node
+        if is_micro:
+            count = self.length
+        elif is_train:  # window-style: the parent of the micro loop runs a few windows per epoch
+            count = 3
+        else:
+            count = 2 if (level == len(chain) - 2 or len(chain) == 1) else 1
+        values = self._iter_values(node, frame, count, is_micro)
+        if values is None:
+            values = [None] * count
+        if is_micro and len(values) < count:
+            count = len(values)
+        for k, bind in enumerate(values):
+            if is_micro:
+                self.mb += 1
+                self.last_iter = k == len(values) - 1
+            elif level == 0 and k > 0 and node is chain[0] and len(chain) > 1:
+                self.epoch += 1
+            if isinstance(node, cst.While):
+                c = self.truth(node.test, frame)
+                if c is False:
+                    break
+            if bind is not None and isinstance(node, cst.For):
+                self._bind(node.target, bind, frame)
+            elif isinstance(node, cst.For):
+                self._bind(node.target, UNK, frame)
+            sig = self._block(_body(node.body), frame, chain, level)
+            if sig == "break":
+                break
+            if sig == "return":
+                return "return"
+            if self.mb >= 4 * self.length + 8:
+                break
+        if is_micro and chain[0] is node:
+            pass
+        return None
+
+    def _iter_values(self, node, frame, count: int, is_micro: bool) -> Optional[list]:
+        """Values bound to the loop target per iteration (None: unknown), at most ``count``."""
+        if not isinstance(node, cst.For):
+            return [None] * count
+        it = node.iter
+        tgt = node.target
+        inner = it
+        name = call_name(it) if isinstance(it, cst.Call) else None
+        if name == "enumerate" and isinstance(it, cst.Call):
+            start_e = positional(it, 1) or kwarg(it, "start")
+            start = 0 if start_e is None else self._int(self.ev(start_e, frame))
+            if start is None:
+                start = None
+            inner = positional(it, 0)
+            self._loader = inner
+            if isinstance(tgt, (cst.Tuple, cst.List)) and len(tgt.elements) == 2:
+                return [("enum", None if start is None else start + k) for k in range(count)]
+            return [None] * count
+        if name == "range" and isinstance(it, cst.Call):
+            args = [self.ev(a.value, frame) for a in it.args if a.keyword is None]
+            ints = [self._int(a) for a in args]
+            if len(ints) == 1:
+                a, b, s = 0, ints[0], 1
+            elif len(ints) >= 2:
+                a, b = ints[0], ints[1]
+                s = ints[2] if len(ints) > 2 else 1
+            else:
+                return [None] * count
+            if a is None:
+                return [("idx", None)] * count
+            if b is None or s in (None, 0):
+                return [("idx", a + k * (s or 1)) for k in range(count)]
+            vals = list(range(a, b, s))[:count if not is_micro or node is not self.loop.window_of else 64]
+            return [("idx", v) for v in vals]
+        self._loader = it
+        return [None] * count
+
+    def _bind(self, target, bind, frame) -> None:
+        if bind is None or bind is UNK:
+            for nm in _target_names(target):
+                self.store(nm, UNK, frame)
+            return
+        kind, v = bind
+        if kind == "enum" and isinstance(target, (cst.Tuple, cst.List)):
+            idx = dotted(target.elements[0].value)
+            if idx:
+                self.store(idx, Num(v), frame)
+            for nm in _target_names(target.elements[1].value):
+                self.store(nm, UNK, frame)
+            return
+        if kind == "idx":
+            d = dotted(target)
+            if d:
+                self.store(d, Num(v), frame)
+                return
+        for nm in _target_names(target):
+            self.store(nm, UNK, frame)
+
+    # ------------------------------------------------------------------ statements
+    def _block(self, stmts, frame, chain=None, level=0) -> Optional[str]:
+        saved = self._cur_block
+        self._cur_block = stmts
+        try:
+            for stmt in stmts:
+                sig = self._stmt(stmt, frame, chain, level)
+                if sig is not None:
+                    return sig
+        finally:
+            self._cur_block = saved
+        return None
+
+    def _stmt(self, stmt, frame, chain, level) -> Optional[str]:
+        self.tick()
+        tp = type(stmt)
+        if tp is cst.SimpleStatementLine or tp is cst.SimpleStatementSuite:
+            return self._simple_line(stmt, frame)
+        if tp is cst.If:
+            return self._if(stmt, frame, chain, level)
+        if tp is cst.For or tp is cst.While:
+            if chain is not None and level + 1 < len(chain) and stmt is chain[level + 1]:
+                return self._exec_loop(stmt, frame, chain, level + 1)
+            if stmt is self.micro:
+                return self._exec_loop(stmt, frame, chain or [], level + 1)
+            return self._inner_loop(stmt, frame)
+        if tp is cst.With:
+            return self._with(stmt, frame, chain, level)
+        if tp is cst.Try:
+            sig = self._block(_body(stmt.body), frame, chain, level)
+            if stmt.orelse is not None and sig is None:
+                sig = self._block(_body(stmt.orelse.body), frame, chain, level)
+            if stmt.finalbody is not None:
+                s2 = self._block(_body(stmt.finalbody.body), frame, chain, level)
+                sig = sig or s2
+            return sig
+        if tp in (cst.FunctionDef, cst.ClassDef):
+            return None
+        # match and others: bodies uncertain
+        saved = self.certain
+        self.certain = False
+        try:
+            for child in stmt.children:
+                if isinstance(child, cst.BaseSuite):
+                    self._block(_body(child), frame, chain, level)
+        finally:
+            self.certain = saved
+        return None
+
+    def _inner_loop(self, stmt, frame) -> Optional[str]:
+        """A loop that is not the micro-batch loop (over parameters, optimizers, tasks): its body runs once."""
+        if id(stmt) in self.train_nodes:
+            # this loop only drives another training loop (``for epoch ...: train_one_epoch()``): that loop has
+            # its own trace
+            self.trace.complete = False
+            self.trace.notes.append("drives another training loop")
+            raise _Abort()
+        if isinstance(stmt, cst.For):
+            self.ev(stmt.iter, frame)
+            for nm in _target_names(stmt.target):
+                self.store(nm, UNK, frame)
+        sig = self._block(_body(stmt.body), frame)
+        if sig == "return":
+            return sig
+        return None
+
+    def _if(self, stmt, frame, chain, level) -> Optional[str]:
+        c = self.truth(stmt.test, frame, split=True)
+        line = 0
+        if c is True:
+            self.conds.append((line, stmt.test))
+            try:
+                return self._block(_body(stmt.body), frame, chain, level)
+            finally:
+                self.conds.pop()
+        if c is False:
+            if stmt.orelse is None:
+                return None
+            if isinstance(stmt.orelse, cst.If):
+                return self._if(stmt.orelse, frame, chain, level)
+            self.conds.append((line, stmt.test))
+            try:
+                return self._block(_body(stmt.orelse.body), frame, chain, level)
+            finally:
+                self.conds.pop()
+        # undecidable and varying: both arms, uncertain; their terminators are assumed not taken
+        saved = self.certain
+        self.certain = False
+        self.conds.append((line, stmt.test))
+        try:
+            self._block(_body(stmt.body), frame, chain, level)
+            if stmt.orelse is not None:
+                if isinstance(stmt.orelse, cst.If):
+                    self._if(stmt.orelse, frame, chain, level)
+                else:
+                    self._block(_body(stmt.orelse.body), frame, chain, level)
+        finally:
+            self.certain = saved
+            self.conds.pop()
+        return None
+
+    def _with(self, stmt, frame, chain, level) -> Optional[str]:
+        acc = nosync = False
+        for item in stmt.items:
+            e = item.item
+            if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute):
+                attr = e.func.attr.value
+                recv = dotted(e.func.value)
+                if attr == "accumulate" and recv is not None:
+                    k, _ = _role(self.f, recv)
+                    if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
+                        acc = True
+                        self._enter_accumulate()
+                        continue
+                if attr in ("no_sync", "no_backward_sync"):
+                    nosync = True
+                    self.emit("no_sync", e, target=recv or "")
+                    for a in e.args:
+                        self.ev(a.value, frame)
+                    continue
+            v = self.ev(e, frame)
+            if item.asname is not None:
+                for nm in _target_names(item.asname.name):
+                    self.store(nm, v if isinstance(v, Tensor) else UNK, frame)
+        if acc:
+            self.in_acc += 1
+        if nosync:
+            self.no_sync += 1
+        try:
+            return self._block(_body(stmt.body), frame, chain, level)
+        finally:
+            if acc:
+                self.in_acc -= 1
+            if nosync:
+                self.no_sync -= 1
+
+    def _enter_accumulate(self) -> None:
+        an = self.acc_n
+        if an is None:
+            self.sync = None
+            return
+        n = an[0]
+        if n is None:
+            self.sync = None
+            return
+        if self.last_iter:  # end of the (prepared) dataloader
+            self.acc_step = 0
+            self.sync = True
+            return
+        self.acc_step += 1
+        self.sync = self.acc_step % n == 0 if n else None
+
+    def _simple_line(self, stmt, frame, prefix: bool = False) -> Optional[str]:
+        self._stmt_node = stmt
+        for small in stmt.body:
+            tp = type(small)
+            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]):
+                continue
+            if tp is cst.Expr:
+                self.ev(small.value, frame)
+            elif tp is cst.Assign:
+                v = self.ev(small.value, frame)
+                for t in small.targets:
+                    self._assign(t.target, v, frame)
+            elif tp is cst.AnnAssign:
+                if small.value is not None:
+                    self._assign(small.target, self.ev(small.value, frame), frame)
+            elif tp is cst.AugAssign:
+                self._augassign(small, frame)
+            elif prefix:
+                continue
+            elif tp is cst.Return:
+                if frame.depth == 0:
+                    if self.certain:
+                        return "return"
+                    continue
+                if self.certain:
+                    frame.ret = self.ev(small.value, frame) if small.value is not None else None
+                    return "return"
+                if small.value is not None:
+                    v = self.ev(small.value, frame)
+                    if frame.ret is None:
+                        frame.ret = v
+            elif tp is cst.Continue:
+                if self.certain:
+                    return "continue"
+            elif tp is cst.Break:
+                if self.certain:
+                    return "break"
+            elif tp is cst.Raise:
+                if self.certain:
+                    return "break" if frame.depth == 0 else "return"
+        return None
+
+    def _assign(self, target, v, frame) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for el in target.elements:
+                self._assign(el.value if not isinstance(el, cst.StarredElement) else el.value,
+                             v if isinstance(v, Tensor) else UNK, frame)
+            return
+        d = dotted(target)
+        if d is None:
+            if isinstance(target, cst.Subscript):
+                return
+            return
+        if d.endswith(".grad") and isinstance(v, Tensor) and v.scale is not None:
+            self.emit("rescale", target, scale=v.scale)
+        self.store(d, v, frame)
+
+    def _augassign(self, node: cst.AugAssign, frame) -> None:
+        d = dotted(node.target)
+        rhs = self.ev(node.value, frame)
+        op = type(node.operator)
+        if d is not None and (d.endswith(".grad") or d.endswith(".grad.data")):
+            self.emit("rescale", node, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(node.value)),)))
+            return
+        if d is None:
+            return
+        cur = self.load(d, frame)
+        binop = {cst.AddAssign: cst.Add, cst.SubtractAssign: cst.Subtract, cst.MultiplyAssign: cst.Multiply,
+                 cst.DivideAssign: cst.Divide, cst.FloorDivideAssign: cst.FloorDivide, cst.ModuloAssign: cst.Modulo}.get(op)
+        if binop is None:
+            self.store(d, UNK, frame)
+            return
+        new = self._binop(binop, cur, rhs, node.value, node)
+        if binop is cst.Add and isinstance(rhs, Tensor) and rhs.graph:
+            self.emit("keep_loss", node, target=d)
+        self.store(d, new, frame)
+
+    # ------------------------------------------------------------------ names
+    def store(self, name: str, v, frame) -> None:
+        if name.startswith("self."):
+            self.shared[name] = v
+        else:
+            frame.locals[name] = v
+
+    def load(self, name: str, frame):
+        if name.startswith("self."):
+            if name in self.shared:
+                return self.shared[name]
+        elif name in frame.locals:
+            return frame.locals[name]
+        v = self._initial(name, frame)
+        self.store(name, v, frame)
+        return v
+
+    def _initial(self, name: str, frame):
+        """A name first read in the run: the accumulation factor, a resolved constant, the value a counter had
+        before the loop, or an unknown (loop-invariant unknowns split configurations)."""
+        if self.n_text and name == self.n_text:
+            return Num(self.n, is_n=True, text=name)
+        func = frame.func
+        varies = name in self.loop_names or name.split(".")[0] in self.loop_names or frame.depth > 0 and False
+        lit = None
+        try:
+            v = self.f.r.value(_name_expr(name), func)
+        except Exception:
+            v = None
+        if isinstance(v, bool):
+            lit = v
+        elif isinstance(v, int):
+            lit = Num(v, is_n=(self.n is not None and self.n > 1 and v == self.n and not varies), text=name)
+        if varies:
+            init = self._counter_init(name, func)
+            if init is not None:
+                return init
+            return UNK
+        if lit is not None:
+            if isinstance(lit, Num) and lit.v == 1 and self.f._from_cli(_name_expr(name), func, 0):
+                return _Unk(True, name)
+            return lit
+        # a single assignment in the function to the N expression (``ga = args.gradient_accumulation_steps``)
+        if self.n_text:
+            for a in (self.t.assignments_of(name, func) or [])[:2]:
+                if self.dr.code(a.value) == self.n_text:
+                    return Num(self.n, is_n=True, text=name)
+        return _Unk(True, name)
+
+    def _counter_init(self, name: str, func):
+        inside = self._inside
+        vals = set()
+        assigns = self.t.assignments.get(name, []) if name.startswith("self.") else self.t.assignments_of(name, func)
+        for a in assigns:
+            if a.node is not None and id(a.node) in inside:
+                continue
+            vals.add(self.f.r.int_value(a.value, a.func))
+        if len(vals) == 1:
+            v = vals.pop()
+            if v is not None:
+                return Num(v)
+        return None
+
+    # ------------------------------------------------------------------ expressions
+    def _int(self, v) -> Optional[int]:
+        if isinstance(v, Num):
+            return v.v
+        if isinstance(v, bool):
+            return int(v)
+        return None
+
+    def truth(self, expr, frame, split: bool = False) -> Optional[bool]:
+        v = self.ev(expr, frame)
+        if isinstance(v, bool):
+            return v
+        if v is None:
+            return False
+        if isinstance(v, Num):
+            if v.v is not None:
+                return v.v != 0
+        if split and self._invariant_expr(expr):
+            return self._config(expr, frame)
+        return None
+
+    def _config(self, expr, frame) -> Optional[bool]:
+        key, pol = _cond_key(expr)
+        if key in self.config:
+            return self.config[key] == pol
+        if len(self.config) >= MAX_SPLITS:
+            return None
+        raise _Split(key)
+
+    def _invariant_expr(self, expr) -> bool:
+        """No name the loop (or a helper it runs) assigns, no call: the condition is the same on every
+        micro-batch."""
+        names, has_call = self.dr.names_calls(expr)
+        if has_call:
+            return False
+        for n in names:
+            if n in self.loop_names or n.split(".")[0] in self.loop_names:
+                return False
+        return True
+
+    def ev(self, e, frame):
+        self.tick()
+        tp = type(e)
+        if tp is cst.Integer:
+            try:
+                return Num(int(e.value, 0))
+            except ValueError:
+                return Num(None)
+        if tp is cst.Name:
+            if e.value in ("True", "False"):
+                return e.value == "True"
+            if e.value == "None":
+                return None
+            return self.load(e.value, frame)
+        if tp is cst.Attribute:
+            d = dotted(e)
+            if d is not None:
+                if d.endswith(".sync_gradients"):
+                    return self.sync if self.in_acc or self.sync is not True else True
+                head = d.rsplit(".", 1)[0]
+                base = None
+                if head in frame.locals or head in self.shared:
+                    base = self.load(head, frame)
+                if isinstance(base, Tensor):
+                    return base if e.attr.value not in _NO_GRAPH else UNK
+                return self.load(d, frame)
+            base = self.ev(e.value, frame)
+            if isinstance(base, Tensor):
+                return base if e.attr.value not in _NO_GRAPH else UNK
+            return UNK
+        if tp is cst.Call:
+            return self._call(e, frame)
+        if tp is cst.BinaryOperation:
+            a = self.ev(e.left, frame)
+            b = self.ev(e.right, frame)
+            return self._binop(type(e.operator), a, b, e.right, e)
+        if tp is cst.UnaryOperation:
+            v = self.ev(e.expression, frame)
+            if isinstance(e.operator, cst.Not):
+                if isinstance(v, bool):
+                    return not v
+                if isinstance(v, Num) and v.v is not None:
+                    return v.v == 0
+                if v is None:
+                    return True
+                return v if isinstance(v, _Unk) else UNK
+            if isinstance(e.operator, cst.Minus) and isinstance(v, Num):
+                return Num(-v.v if v.v is not None else None)
+            return v
+        if tp is cst.BooleanOperation:
+            a = self.ev(e.left, frame)
+            ta = _tv(a)
+            if isinstance(e.operator, cst.And):
+                if ta is False:
+                    return False
+                b = self.ev(e.right, frame)
+                tb = _tv(b)
+                if ta is True:
+                    return b if not isinstance(b, Num) else (tb if tb is not None else b)
+                if tb is False:
+                    return False
+                return _unk_of(a, b)
+            if ta is True:
+                return True
+            b = self.ev(e.right, frame)
+            tb = _tv(b)
+            if ta is False:
+                return b if not isinstance(b, Num) else (tb if tb is not None else b)
+            if tb is True:
+                return True
+            return _unk_of(a, b)
+        if tp is cst.Comparison:
+            return self._compare(e, frame)
+        if tp is cst.Subscript:
+            base = self.ev(e.value, frame)
+            for el in e.slice:
+                if isinstance(el.slice, cst.Index):
+                    self.ev(el.slice.value, frame)
+            if isinstance(base, Tensor):
+                return base
+            return self._resolved(e, frame)
+        if tp is cst.IfExp:
+            c = self.truth(e.test, frame)
+            if c is True:
+                return self.ev(e.body, frame)
+            if c is False:
+                return self.ev(e.orelse, frame)
+            a, b = self.ev(e.body, frame), self.ev(e.orelse, frame)
+            if isinstance(a, Tensor) and isinstance(b, Tensor) and a.scale == b.scale:
+                return a
+            return UNK
+        if tp is cst.NamedExpr:
+            v = self.ev(e.value, frame)
+            d = dotted(e.target)
+            if d:
+                self.store(d, v, frame)
+            return v
+        if tp in (cst.Tuple, cst.List):
+            for el in e.elements:
+                self.ev(el.value, frame)
+            return UNK
+        if tp is cst.Float:
+            return UNK
+        if tp in (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString):
+            return UNK
+        if tp is cst.Dict:
+            for el in e.elements:
+                if isinstance(el, cst.DictElement):
+                    self.ev(el.value, frame)
+            return UNK
+        if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
+            return UNK
+        return UNK
+
+    def _resolved(self, e, frame):
+        """A value the symbol table resolves (``cfg["gradient_accumulation_steps"]``), else unknown."""
+        if self.n_text and self.dr.code(e) == self.n_text:
+            return Num(self.n, is_n=True, text=self.n_text)
+        try:
+            v = self.f.r.value(e, frame.func)
+        except Exception:
+            return UNK
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, int):
+            return Num(v)
+        return UNK
+
+    def _binop(self, op, a, b, right_node, whole=None):
+        if isinstance(a, Tensor) or isinstance(b, Tensor):
+            if op is cst.Divide and isinstance(a, Tensor):
+                return Tensor(_times(a.scale, self._factor(b, right_node, -1, whole)), a.graph, a.node)
+            if op is cst.Multiply:
+                t, o = (a, b) if isinstance(a, Tensor) else (b, a)
+                if isinstance(o, Tensor):
+                    return Tensor(None, True)
+                rn = right_node if t is a else (whole.left if whole is not None else None)
+                return Tensor(_times(t.scale, self._factor(o, rn, 1, whole)), t.graph, t.node)
+            if op in (cst.Add, cst.Subtract):
+                if isinstance(a, Tensor) and isinstance(b, Tensor):
+                    return Tensor(a.scale if a.scale == b.scale else None, a.graph or b.graph, a.node)
+                t = a if isinstance(a, Tensor) else b
+                if a is None or isinstance(a, (Num,)) and a.v == 0:
+                    return b
+                return t
+            return Tensor(None, True)
+        if isinstance(a, Num) and isinstance(b, Num):
+            x, y = a.v, b.v
+            if x is None or y is None:
+                return Num(None)
+            try:
+                if op is cst.Add:
+                    return Num(x + y)
+                if op is cst.Subtract:
+                    return Num(x - y)
+                if op is cst.Multiply:
+                    return Num(x * y, is_n=(a.is_n and y == 1) or (b.is_n and x == 1))
+                if op is cst.FloorDivide:
+                    return Num(x // y)
+                if op is cst.Modulo:
+                    return Num(x % y)
+                if op is cst.Divide:
+                    return Num(x // y) if y and x % y == 0 else Num(None)
+                if op is cst.Power:
+                    return Num(x ** y) if 0 <= y < 16 else Num(None)
+            except ZeroDivisionError:
+                return Num(None)
+            return Num(None)
+        if isinstance(a, _Unk) and a.inv and (isinstance(b, Num) or (isinstance(b, _Unk) and b.inv)):
+            return _Unk(True, a.text)
+        if isinstance(b, _Unk) and b.inv and isinstance(a, Num) and a.v is not None:
+            return _Unk(True, b.text)
+        return UNK
+
+    def _factor(self, v, node, power: int, whole=None) -> T.Factor:
+        text = self.dr.code(node) if node is not None else "?"
+        if isinstance(v, Num) and v.v is not None:
+            if (v.is_n or (self.n is not None and self.n > 1 and v.v == self.n)) and v.v > 1:
+                return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
+            return T.Factor(T.CONST, text, value=Fraction(v.v) ** power if v.v else None, node=whole)
+        if isinstance(v, Num) and v.is_n:
+            return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
+        return T.Factor(T.OTHER, text, power=power, node=whole)
+
+    def _compare(self, e: cst.Comparison, frame):
+        left = self.ev(e.left, frame)
+        result: Any = True
+        for ct in e.comparisons:
+            right = self.ev(ct.comparator, frame)
+            op = type(ct.operator)
+            r = _cmp(op, left, right)
+            if r is False:
+                return False
+            if r is None:
+                result = _unk_of(left, right) if result is True else result
+            left = right
+        return result
+
+    # ------------------------------------------------------------------ calls
+    def _call(self, call: cst.Call, frame):
+        f = self.f
+        func = call.func
+        attr = func.attr.value if isinstance(func, cst.Attribute) else None
+        recv_node = func.value if isinstance(func, cst.Attribute) else None
+        recv = dotted(recv_node) if recv_node is not None else None
+        name = call_name(call) or ""
+        q = self.t.qualname(func) or ""
+        bstyle = _backward_style(f, call)
+        if bstyle is not None:
+            return self._backward(call, bstyle, recv, frame)
+        rkind, conf = _role(f, recv) if recv else (None, False)
+        # arguments first (calls inside them run first)
+        argv = []
+        if attr not in ("step",) or rkind not in ("optimizer", "ds_optimizer"):
+            for a in call.args:
+                argv.append(self.ev(a.value, frame))
+        base = self.ev(recv_node, frame) if recv_node is not None else None
+        if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
+                 "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
+                attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
+                and (rkind == "accelerator" or recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad"))) or (
+                attr == "clip_gradients" and recv in ("self", "fabric")):
+            own = rkind == "accelerator" or attr == "clip_gradients"
+            self.emit("clip", call, scaled=(self.scaled and not own), target=recv or "")
+            return UNK
+        if attr == "step" and rkind in ("optimizer", "ds_optimizer"):
+            clo = positional(call, 0) or kwarg(call, "closure")
+            if clo is not None:
+                fn = self._closure(clo, frame)
+                if fn is not None:
+                    self._inline(fn, [], {}, frame, None)
+            eff, why = self._prepared_effect(recv)
+            self.emit("step", call, opt=recv or "", effective=eff, why=why, confident=conf)
+            return UNK
+        if attr == "step" and rkind in ("scheduler", "ds_scheduler"):
+            eff, why = self._prepared_effect(recv)
+            self.emit("sched_step", call, target=recv or "", effective=eff, why=why, confident=conf)
+            return UNK
+        if attr == "step" and rkind == "engine":
+            self.engine_micro += 1
+            gas = self.n if self.n else None
+            eff = None if gas is None else (self.engine_micro % gas == 0)
+            self.emit("step", call, opt=recv or "", via="engine", effective=eff,
+                      why="" if eff else "off the DeepSpeed boundary", confident=conf)
+            return UNK
+        if attr == "step" and rkind == "scaler":
+            opt = positional(call, 0)
+            self.emit("step", call, opt=self.dr.code(opt) if opt is not None else "", via="scaler",
+                      target=recv or "", confident=conf)
+            self.scaled = False
+            return UNK
+        if attr == "unscale_" and rkind == "scaler":
+            opt = positional(call, 0)
+            self.emit("unscale", call, opt=self.dr.code(opt) if opt is not None else "", target=recv or "",
+                      confident=conf)
+            self.scaled = False
+            return UNK
+        if attr == "update" and rkind == "scaler":
+            self.emit("update", call, target=recv or "", confident=conf)
+            return UNK
+        if attr == "scale" and rkind == "scaler":
+            v = argv[0] if argv else UNK
+            if isinstance(v, Tensor):
+                return Tensor(_times(v.scale, T.Factor(T.SCALER, recv or "scaler")), v.graph, v.node)
+            return UNK
+        if attr == "zero_grad":
+            if rkind in ("optimizer", "ds_optimizer"):
+                eff, why = self._prepared_effect(recv)
+                self.emit("zero_grad", call, opt=recv or "", of="optimizer", effective=eff, why=why, confident=conf)
+            elif rkind == "engine":
+                self.emit("zero_grad", call, opt=recv or "", of="engine", confident=conf)
+            elif recv is not None and rkind in (None, "ddp"):
+                last = recv.split(".")[-1]
+                if not (rkind is None and ("optim" in last.lower() or recv in f.kinds)):
+                    self.emit("zero_grad", call, target=recv, of="model")
+            return UNK
+        if attr in ("div_", "mul_") and recv is not None and ".grad" in recv:
+            self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
+            return UNK
+        # same-file functions and methods: inlined
+        fn = self._callee(call, frame)
+        if fn is not None:
+            if frame.depth < 4 and f.relevant(fn, f.class_of(fn) or frame.cls):
+                args, kws = self._args(call, frame, argv)
+                return self._inline(fn, args, kws, frame, call)
+            return Tensor(T.Scale(), True, call)
+        # values
+        if isinstance(func, cst.Name):
+            nm = func.value
+            if nm in _BUILTINS_NUM:
+                if nm == "len" and argv:
+                    a0 = call.args[0].value
+                    ld = getattr(self, "_loader", None)
+                    if ld is not None and self.dr.code(a0) == self.dr.code(ld):
+                        return Num(self.length)
+                    return Num(None)
+                if nm == "int" and argv and isinstance(argv[0], Num):
+                    return argv[0]
+                if nm in ("min", "max") and argv and all(isinstance(a, Num) and a.v is not None for a in argv):
+                    vals = [a.v for a in argv]
+                    return Num(min(vals) if nm == "min" else max(vals))
+                if nm == "sum" and argv and isinstance(argv[0], Tensor):
+                    return argv[0]
+                return Num(None)
+            if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
+                      "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
+                      "open", "sorted", "any", "all", "map", "filter", "id", "super", "vars", "set"):
+                return UNK
+            imp = self.t.imports.get(nm)
+            if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS:
+                # a function from another module of the project: it may scale the loss itself
+                return Tensor(T.Scale((T.Factor(T.OTHER, f"{nm}() from {imp}"),)), True, call)
+            return Tensor(T.Scale(), True, call)
+        if isinstance(func, cst.Attribute):
+            if isinstance(base, Tensor):
+                if attr in _NO_GRAPH:
+                    return UNK
+                if attr in ("mean", "sum", "float", "half", "to", "squeeze", "view", "reshape", "contiguous",
+                            "clone", "cuda", "bfloat16"):
+                    return base
+                return base
+            if recv is not None:
+                head = recv.split(".")[0]
+                imp = self.t.imports.get(head)
+                if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS and head == recv:
+                    return Tensor(T.Scale((T.Factor(T.OTHER, f"{recv}.{attr}()"),)), True, call)
+            if attr in ("item", "detach", "tolist", "numpy", "cpu", "get", "items", "keys", "values", "append",
+                        "format", "join", "split", "log", "info", "warning", "write", "add_scalar", "update",
+                        "set_postfix", "set_description", "save", "eval", "train", "parameters",
+                        "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
+                        "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
+                return UNK
+            return Tensor(T.Scale(), True, call)
+        return UNK
+
+    def _args(self, call, frame, argv):
+        args, kws = [], {}
+        i = 0
+        for a in call.args:
+            v = argv[i] if i < len(argv) else UNK
+            i += 1
+            if a.star:
+                continue
+            if a.keyword is not None:
+                kws[a.keyword.value] = v
+            else:
+                args.append(v)
+        return args, kws
+
+    def _callee(self, call, frame):
+        f = self.f
+        fn = f.callee(call, frame.func, frame.cls)
+        if fn is not None:
+            return fn
+        if isinstance(call.func, cst.Name):
+            return self.local_defs.get(call.func.value)
+        return None
+
+    def _closure(self, expr, frame):
+        if isinstance(expr, cst.Name):
+            return self.local_defs.get(expr.value) or (self.f.c.module_funcs.get(expr.value) or [None])[0]
+        return None
+
+    def _inline(self, fn, args, kws, frame, call):
+        if frame.depth >= 4:
+            return Tensor(T.Scale(), True, call)
+        cls = self.f.class_of(fn) or frame.cls
+        new = _Frame(fn, cls, frame.depth + 1)
+        params = list(fn.params.params)
+        if cls is not None and params and params[0].name.value in ("self", "cls") and isinstance(call.func, cst.Attribute):
+            params = params[1:]
+        for p, v in zip(params, args):
+            new.locals[p.name.value] = v
+        allp = list(fn.params.params) + list(fn.params.kwonly_params)
+        for p in allp:
+            nm = p.name.value
+            if nm in kws:
+                new.locals[nm] = kws[nm]
+            elif nm not in new.locals and p.default is not None:
+                lit = literal(p.default)
+                new.locals[nm] = lit if isinstance(lit, bool) else Num(lit) if isinstance(lit, int) else UNK
+            elif nm not in new.locals and nm not in ("self", "cls"):
+                new.locals[nm] = UNK
+        saved_names = self.loop_names
+        self.loop_names = saved_names | _assigned(fn)
+        saved_stmt = self._stmt_node
+        self.depth += 1
+        try:
+            self._block(_body(fn.body), new)
+        finally:
+            self.loop_names = saved_names
+            self.depth -= 1
+            self._stmt_node = saved_stmt
+        return new.ret if new.ret is not None else UNK
+
+    def _prepared_effect(self, recv: Optional[str]) -> tuple[Optional[bool], str]:
+        """Does an optimizer / scheduler call take effect now? Inside ``accumulate()`` a prepared one is a no-op off
+        the sync step (accelerate 1.15 AcceleratedOptimizer / AcceleratedScheduler)."""
+        if not self.in_acc:
+            return True, ""
+        f = self.f
+        built_here = recv is not None and recv in f.kinds and recv not in f.prepared and f.prepared
+        if built_here:
+            return True, ""
+        if self.sync is None:
+            return None, "sync step unknown"
+        return (True, "") if self.sync else (False, "off the sync step")
+
+    def _backward(self, call, style, recv, frame):
+        f = self.f
+        scaled = False
+        if style == "tensor":
+            tgt = call.func.value
+            v = self.ev(tgt, frame)
+        elif style == "scaler":
+            inner = call.func.value  # scaler.scale(loss)
+            v = self.ev(positional(inner, 0), frame) if positional(inner, 0) is not None else UNK
+            v = Tensor(_times(v.scale, T.Factor(T.SCALER, "scaler")), True, v.node) if isinstance(v, Tensor) else UNK
+            scaled = self.scaler_on
+        else:
+            a0 = positional(call, 0)
+            v = self.ev(a0, frame) if a0 is not None else UNK
+            for a in call.args[1:]:
+                self.ev(a.value, frame)
+        scale = v.scale if isinstance(v, Tensor) else None
+        if scale is not None and style == "accelerator":
+            an = self.acc_n
+            if an is None:
+                scale = _times(scale, T.Factor(T.OTHER, "accelerator's gradient_accumulation_steps"))
+            elif an[0] is None:
+                scale = _times(scale, T.Factor(T.OTHER, an[1]))
+            elif an[0] > 1:
+                scale = _times(scale, T.Factor(T.ACCUM_FRAMEWORK, an[1], power=-1, who="accelerator.backward()"))
+            if self.f.accelerator_deepspeed is None and _fp16(self):
+                scaled = scaled
+        elif scale is not None and style == "engine":
+            if kwarg(call, "scale_wrt_gas") is None:
+                scale = _times(scale, T.Factor(T.ACCUM_FRAMEWORK, "gradient_accumulation_steps", power=-1,
+                                               who="the DeepSpeed engine"))
+        elif style in ("engine-like",):
+            scale = None
+        if scaled:
+            self.scaled = True
+        self.emit("backward", call, scale=scale, scaled=scaled, via=style)
+        return UNK
+
+    # ------------------------------------------------------------------ events
+    def emit(self, kind: str, node, confident: bool = True, **kw) -> None:
+        cond_line, cond_text = 0, ""
+        if self.conds:
+            cond_line = self.conds[-1][0]
+            cond_text = self.dr.code(self.conds[-1][1])
+        text = ""
+        if isinstance(node, cst.Call):
+            text = self.dr.code(node)
+            if len(text) > 60:
+                text = (call_name(node) or "call") + "(…)"
+        ev = T.Event(kind, 0, certain=self.certain, in_no_sync=bool(self.no_sync), text=text,
+                     mb=self.mb, epoch=self.epoch, cond_line=cond_line, cond_text=cond_text, node=node, **kw)
+        ev.meta["confident"] = confident
+        ev.meta["stmt"] = self._stmt_node
+        ev.meta["block"] = self._cur_block
+        ev.meta["depth"] = self.depth
+        ev.meta["cond"] = self.conds[-1][1] if self.conds else None
+        ev.meta["in_accumulate"] = bool(self.in_acc)
+        self.trace.events.append(ev)
+
+
+def _fp16(r) -> bool:
+    return False
+
+
+def _scaler_enabled(f) -> bool:
+    """False when every GradScaler of the file is built with ``enabled=False`` (it then scales nothing)."""
+    defs = [c for cs in f.scaler_defs.values() for c in cs]
+    return not (defs and all(literal(kwarg(c, "enabled")) is False for c in defs))
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _times(scale: Optional[T.Scale], f: T.Factor) -> Optional[T.Scale]:
+    if scale is None:
+        return None
+    return scale.times(f)
+
+
+def _tv(v) -> Optional[bool]:
+    if isinstance(v, bool):
+        return v
+    if v is None:
+        return False
+    if isinstance(v, Num):
+        return None if v.v is None else v.v != 0
+    return None
+
+
+def _unk_of(a, b):
+    return UNK
+
+
+def _has_call(node) -> bool:
+    return any(type(x) is cst.Call for x in _walk(node))
+
+
+def _cmp(op, a, b) -> Optional[bool]:
+    if op in (cst.Is, cst.IsNot):
+        if a is None and b is None:
+            r = True
+        elif (a is None) != (b is None) and (isinstance(a, (Num, bool, Tensor)) or isinstance(b, (Num, bool, Tensor))):
+            r = False
+        else:
+            return None
+        return r if op is cst.Is else not r
+    x = a.v if isinstance(a, Num) else (int(a) if isinstance(a, bool) else None)
+    y = b.v if isinstance(b, Num) else (int(b) if isinstance(b, bool) else None)
+    if x is None or y is None:
+        return None
+    if op is cst.Equal:
+        return x == y
+    if op is cst.NotEqual:
+        return x != y
+    if op is cst.LessThan:
+        return x < y
+    if op is cst.LessThanEqual:
+        return x <= y
+    if op is cst.GreaterThan:
+        return x > y
+    if op is cst.GreaterThanEqual:
+        return x >= y
+    return None
+
+
+def _cond_key(expr) -> tuple[str, bool]:
+    """A configuration key and polarity: ``not x`` / ``x is None`` -> (x, False); ``x is not None`` -> (x, True)."""
+    pol = True
+    while isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        pol = not pol
+        expr = expr.expression
+    if isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1:
+        ct = expr.comparisons[0]
+        if isinstance(ct.comparator, cst.Name) and ct.comparator.value == "None":
+            if isinstance(ct.operator, cst.Is):
+                return code_of(expr.left).strip(), not pol
+            if isinstance(ct.operator, cst.IsNot):
+                return code_of(expr.left).strip(), pol
+    return code_of(expr).strip(), pol
+
+
+def _body(suite) -> list:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    if isinstance(suite, cst.SimpleStatementSuite):
+        return [suite]  # ``if x: a(); b()`` runs like a simple statement line
+    return []
+
+
+def _name_expr(name: str):
+    parts = name.split(".")
+    e: cst.BaseExpression = cst.Name(parts[0])
+    for p in parts[1:]:
+        e = cst.Attribute(value=e, attr=cst.Name(p))
+    return e
+
+
+def _target_names(t) -> list:
+    out: list = []
+    if isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            out.extend(_target_names(el.value))
+    elif isinstance(t, cst.StarredElement):
+        out.extend(_target_names(t.value))
+    else:
+        d = dotted(t)
+        if d:
+            out.append(d)
+    return out
+
+
+def _walk(node):
+    from bertlint.analysis.loops import walk
+
+    return walk(node)
+
+
+def _names(expr) -> list:
+    from bertlint.analysis.loops import _names_in
+
+    return _names_in(expr)
+
+
+def _ids_in(node) -> set:
+    return {id(n) for n in _walk(node)} | {id(n) for n in _all_nodes(node)}
+
+
+def _all_nodes(node):
+    from bertlint.analysis.loops import walk
+
+    return walk(node, into_scopes=True)
+
+
+def _assigned(fn) -> set:
+    from bertlint.analysis.loops import _assigned_names
+
+    try:
+        return _assigned_names(fn)
+    except Exception:
+        return set()
+
+
+def _local_defs(func) -> dict:
+    if func is None:
+        return {}
+    out = {}
+    for n in _walk(func.body):
+        if type(n) is cst.FunctionDef:
+            out.setdefault(n.name.value, n)
+    return out
+
+
+def _path_to(root, target) -> Optional[list]:
+    """[(block, index)] from ``root``'s body down to the statement ``target``."""
+    body = _body(root) if isinstance(root, (cst.IndentedBlock, cst.SimpleStatementSuite)) else (
+        list(root.body) if isinstance(root, cst.Module) else [])
+    return _find(body, target, 0)
+
+
+def _find(block: list, target, depth: int) -> Optional[list]:
+    if depth > 12:
+        return None
+    for i, s in enumerate(block):
+        if s is target:
+            return [(block, i)]
+        for sub in _sub_blocks(s):
+            r = _find(sub, target, depth + 1)
+            if r is not None:
+                return [(block, i)] + r
+    return None
+
+
+def _sub_blocks(s) -> list:
+    out = []
+    if isinstance(s, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
+        out.append(_body(s.body))
+        orelse = getattr(s, "orelse", None)
+        if isinstance(orelse, cst.If):
+            out.extend(_sub_blocks(orelse))
+        elif orelse is not None:
+            out.append(_body(orelse.body))
+        if isinstance(s, cst.Try):
+            for h in s.handlers:
+                out.append(_body(h.body))
+            if s.finalbody is not None:
+                out.append(_body(s.finalbody.body))
+    return out
