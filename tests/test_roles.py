@@ -274,3 +274,88 @@ def test_all_lists_every_binding_of_a_role():
     """)
     paths = {p for _, p, _r in r.all("optimizer")}
     assert {"opt", "self.optimizer"} <= paths
+
+
+def test_reference_before_rewrap_keeps_the_unwrapped_role():
+    t, r = _roles("""
+        import torch
+        def main(net):
+            model = net.cuda()
+            model = torch.nn.Linear(2, 2)
+            model_without_ddp = model
+            model = torch.nn.parallel.DistributedDataParallel(model)
+    """)
+    main = _fn(t, "main")
+    assert r.role("model", main) == "ddp_model"
+    assert r.role("model_without_ddp", main) == "model"
+
+
+def test_generic_helper_takes_no_role_from_disagreeing_call_sites():
+    t, r = _roles("""
+        import torch
+        def exists(x):
+            return x is not None
+        def main(model):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.cuda.amp.GradScaler()
+            exists(opt)
+            exists(scaler)
+    """)
+    assert r.role("x", _fn(t, "exists")) is None
+
+
+def test_metric_accumulate_is_not_an_accelerator():
+    t, r = _roles("""
+        def evaluate(meter, scores):
+            meter.accumulate(scores)
+        def train(accelerator, model, batch):
+            with accelerator.accumulate(model):
+                loss = model(batch)
+                accelerator.backward(loss)
+    """)
+    assert r.role("meter", _fn(t, "evaluate")) is None
+    assert r.role("accelerator", _fn(t, "train")) == "accelerator"
+    assert r.of("accelerator", _fn(t, "train")).confident
+    assert r.role("model", _fn(t, "train")) == "model"
+
+
+def test_factory_method_of_a_same_file_class_instance():
+    t, r = _roles("""
+        import torch
+        import torch.nn as nn
+        class GPT(nn.Module):
+            def configure_optimizers(self, lr):
+                return torch.optim.AdamW(self.parameters(), lr=lr)
+        model = GPT()
+        raw_model = model.module if ddp else model
+        optimizer = raw_model.configure_optimizers(3e-4)
+    """)
+    o = r.of("optimizer")
+    assert o.role == "optimizer" and o.qualname == "torch.optim.AdamW"
+
+
+def test_names_about_a_thing_are_not_the_thing():
+    assert roles.name_hint("save_optimizer") is None
+    assert roles.name_hint("model_path") is None
+    assert roles.name_hint("optimizer_grouped_parameters") is None
+    assert roles.name_hint("pbar_update_freq") is None
+    assert roles.name_hint("opt_g") == "optimizer"
+    assert roles.name_hint("lr_scheduler") == "scheduler"
+    assert roles.name_hint("teacher_model") == "model"
+
+
+def test_loss_walk_finds_the_model_not_the_label_transform():
+    t, r = _roles("""
+        import torch.nn as nn
+        def train(model, loader, mixup_fn):
+            criterion = nn.CrossEntropyLoss()
+            for samples, targets in loader:
+                samples, targets = mixup_fn(samples, targets)
+                outputs = model(samples)
+                loss = criterion(outputs, targets)
+                loss.backward()
+    """)
+    tr = _fn(t, "train")
+    assert r.role("model", tr) == "model" and r.of("model", tr).confident
+    assert r.role("mixup_fn", tr) is None
+    assert r.role("criterion", tr) == "other"

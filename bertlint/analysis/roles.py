@@ -148,6 +148,10 @@ class Role:
         return hash(self.role)
 
 
+_MODEL_PRIORITY = ("deepspeed_engine", "ddp_model", "lightning_module", "model")
+_MODEL_LIKE = set(_MODEL_PRIORITY)
+
+
 def decide(evidence: list) -> Optional[Role]:
     """The role the evidence supports: the strongest kind wins; a name never vetoes usage or a constructor."""
     ev = [e for e in evidence if e is not None]
@@ -163,7 +167,10 @@ def decide(evidence: list) -> Optional[Role]:
     for e in top:
         if e.role not in order:
             order.append(e.role)
-    role = max(order, key=lambda r: (score[r], -order.index(r)))
+    if len(order) > 1 and set(order) <= _MODEL_LIKE:
+        role = min(order, key=_MODEL_PRIORITY.index)  # a wrapped / framework model is still that model
+    else:
+        role = max(order, key=lambda r: (score[r], -order.index(r)))
     ordered = sorted(ev, key=lambda e: -e.strength)
     seen = []
     out = []
@@ -172,7 +179,9 @@ def decide(evidence: list) -> Optional[Role]:
         if k not in seen:
             seen.append(k)
             out.append(e)
-    conflicts = tuple(sorted({e.role for e in ev if e.role != role and e.kind != "name" and e.role != "other"}))
+    compatible = _MODEL_LIKE if role in _MODEL_LIKE else {role}
+    conflicts = tuple(sorted({e.role for e in ev if e.role not in compatible and e.kind != "name" and e.role != "other"
+                              and e.strength >= 3}))
     return Role(role, tuple(out), conflicts)
 
 
@@ -200,23 +209,32 @@ _PARAM_UTILS = re.compile(
 _OPT_KWARGS = {"lr", "learning_rate", "weight_decay", "betas", "momentum", "eps", "beta1", "beta2", "nesterov",
                "amsgrad", "scale_parameter", "relative_step", "warmup_init", "optim_bits", "fused", "foreach"}
 
+_SUFFIX = r"(_[a-z0-9]{1,3})?"
 _NAME_HINTS = (
-    ("optimizer", re.compile(r"^(opt|optim|optimi[sz]er|.*_optimi[sz]er|optimi[sz]er_.*|.*_opt|opt_.*|optimizers?)$", re.I)),
-    ("scheduler", re.compile(r"^(sched|scheduler|lr_scheduler|.*_scheduler|scheduler_.*|lr_sched|.*_sched|sched_.*)$", re.I)),
-    ("grad_scaler", re.compile(r"^(scaler|grad_scaler|.*_scaler|amp_scaler|loss_scaler)$", re.I)),
-    ("accelerator", re.compile(r"^(accelerator|accel|.*_accelerator)$", re.I)),
-    ("deepspeed_engine", re.compile(r"^(engine|model_engine|ds_engine|.*_engine|deepspeed_model)$", re.I)),
+    ("optimizer", re.compile(rf"^((opt|optim|optimi[sz]er){_SUFFIX}|[a-z0-9]+_(opt|optim|optimi[sz]er))$", re.I)),
+    ("scheduler", re.compile(rf"^((sched|scheduler|lr_scheduler|lr_sched){_SUFFIX}|[a-z0-9]+_(scheduler|sched))$", re.I)),
+    ("grad_scaler", re.compile(r"^(scaler|grad_scaler|amp_scaler|loss_scaler|fp16_scaler|gradscaler)$", re.I)),
+    ("accelerator", re.compile(r"^(accelerator|_accelerator)$", re.I)),
+    ("deepspeed_engine", re.compile(r"^(engine|model_engine|ds_engine|deepspeed_engine|ds_model)$", re.I)),
     ("fabric", re.compile(r"^(fabric)$", re.I)),
-    ("dataloader", re.compile(r"^(.*_?loader|.*_dl|dl|.*dataloader.*)$", re.I)),
-    ("pipeline", re.compile(r"^(pipe|pipeline|.*_pipe|.*_pipeline)$", re.I)),
-    ("trainer", re.compile(r"^(trainer|.*_trainer)$", re.I)),
-    ("model", re.compile(r"^(model|net|network|.*_model|model_.*|unet|transformer|encoder|decoder|generator|"
-                         r"discriminator|netg|netd|backbone|classifier|policy|critic|actor)$", re.I)),
+    ("dataloader", re.compile(r"^((train|eval|val|valid|test|data)_?(data)?_?loader|loader|dataloader|train_dl|val_dl|dl)$", re.I)),
+    ("pipeline", re.compile(r"^(pipe|pipeline|[a-z0-9]+_pipe|[a-z0-9]+_pipeline)$", re.I)),
+    ("trainer", re.compile(r"^(trainer|[a-z0-9]+_trainer)$", re.I)),
+    ("model", re.compile(rf"^((model|net|network|unet|generator|discriminator|netg|netd|backbone|classifier){_SUFFIX}|"
+                         r"[a-z0-9]+_(model|net))$", re.I)),
 )
+# flags and names about a thing, not the thing: save_optimizer, is_chat_model, model_path, optimizer_class ...
+_NOT_A_THING = re.compile(r"^(is|use|save|load|no|skip|with|has|num|n|do|init|train|freeze|should|enable|disable|"
+                          r"print|log|get|make|build|create|setup|wrap|unwrap|cast)_|"
+                          r"_(path|name|names|dir|file|config|cfg|args|kwargs|type|class|cls|params|parameters|info|"
+                          r"id|card|init|state|dict|fn|func|kw|list|str|size|dtype|device|output|outputs|inputs|"
+                          r"grouped_parameters|groups|steps|step|freq|every|interval|lr|name_or_path)$", re.I)
 
 
 def name_hint(path: str) -> Optional[str]:
-    last = path.split(".")[-1]
+    last = path.split(".")[-1].lstrip("_") or path
+    if _NOT_A_THING.search(last):
+        return None
     for role, rx in _NAME_HINTS:
         if rx.match(last):
             return role
@@ -371,9 +389,15 @@ class _Binding:
     scope: Scope  # the function / class the binding is evaluated in
     index: Optional[int] = None  # position in a tuple unpacking / in the parameter list
     func: Optional[cst.FunctionDef] = None  # the FunctionDef of a parameter
+    seq: int = 0  # source order (SymbolTable's Assignment.seq); 0 for parameters and loop targets
 
 
-_FWD_SKIP = re.compile(r"(loss|criterion|crit|metric|score|compute_\w+|tokeniz\w*|collat\w*)$", re.I)
+_ACCEL_METHODS = frozenset({"prepare", "unwrap_model", "gather_for_metrics", "prepare_model", "prepare_optimizer",
+                            "prepare_scheduler", "prepare_data_loader", "wait_for_everyone",
+                            "init_trackers", "end_training", "register_for_checkpointing", "skip_first_batches"})
+_TARGET_KW = re.compile(r"^(target|targets|label|labels|y|y_true|gt|ground_truth|reference|ref)$")
+_FWD_SKIP = re.compile(r"(loss|criterion|crit$|metric|score|^compute_|tokeniz|collat|augment|mixup|cutmix|transform|"
+                       r"processor|prompting|encode_prompt|^to$|^get_)", re.I)
 
 
 class Roles:
@@ -500,14 +524,21 @@ class Roles:
             if isinstance(node, cst.For) and func is not None:
                 for n in _target_names(node.target):
                     self._locals.setdefault(id(func), set()).add(n)
+        self._loop_targets: set = set()
+        for node, func, _ in t.loop_nodes:
+            if isinstance(node, cst.For):
+                for n in _target_names(node.target):
+                    self._loop_targets.add((self._sid_for(n, func), n))
         for name, assigns in t.assignments.items():
             for a in assigns:
-                if isinstance(a.node, (cst.Assign, cst.AnnAssign)) and a.value is not None:
-                    self._add((self._sid_for(name, a.func), name), _Binding("assign", a.value, a.node, a.func))
+                if isinstance(a.node, (cst.Assign, cst.AnnAssign)) and a.value is not None and name != "_":
+                    self._add((self._sid_for(name, a.func), name),
+                              _Binding("assign", a.value, a.node, a.func, seq=getattr(a, "seq", 0)))
+        useq = getattr(t, "unpack_seq", {})
         for names, call, func in t.unpacks:
             for i, n in enumerate(names):
-                if n:
-                    self._add((self._sid_for(n, func), n), _Binding("unpack", call, call, func, i))
+                if n and n != "_":
+                    self._add((self._sid_for(n, func), n), _Binding("unpack", call, call, func, i, seq=useq.get(id(call), 0)))
         for node, func, _ in t.loop_nodes:
             if isinstance(node, cst.For) and isinstance(node.target, (cst.Name, cst.Attribute)):
                 n = dotted(node.target)
@@ -580,14 +611,58 @@ class Roles:
                 if init is not None:
                     return init, 1
             return None
+        if isinstance(f, cst.Attribute) and not (isinstance(f.value, cst.Name) and f.value.value == "self"):
+            # ``raw_model.configure_optimizers(...)`` where ``raw_model = GPT(...)`` (a class of this file)
+            recv = dotted(f.value)
+            if recv and recv.split(".")[0] not in self.t.imports:
+                cls: Optional[cst.ClassDef] = self._instance_class(f.value, func, 0)
+                if cls is not None:
+                    while cls is not None:
+                        m = self.t.class_methods.get(cls.name.value, {}).get(f.attr.value)
+                        if m is not None:
+                            return m, 0 if _is_static(m) else 1
+                        cls = self._own_base(cls)
+            return None
         if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == "self":
             cls = self._class_of(func)
             while cls is not None:
                 m = self.t.class_methods.get(cls.name.value, {}).get(f.attr.value)
                 if m is not None:
-                    return m, 1
+                    return m, 0 if _is_static(m) else 1
                 cls = self._own_base(cls)
         return None
+
+    def _instance_class(self, e: cst.BaseExpression, func: Scope, depth: int) -> Optional[cst.ClassDef]:
+        """The same-file class an expression is an instance of: ``GPT(...)``, a name bound to one, ``m.module``,
+        ``DDP(m)`` / ``torch.compile(m)``, ``a if c else b`` when both agree."""
+        if depth > 5:
+            return None
+        if isinstance(e, cst.Call):
+            if isinstance(e.func, cst.Name) and e.func.value in self.t.classes and e.func.value not in self.t.imports:
+                return self.t.classes[e.func.value]
+            q = self.t.qualname(e.func) or ""
+            if q.split(".")[-1] in ("compile", "DistributedDataParallel", "DDP", "DataParallel",
+                                    "FullyShardedDataParallel", "FSDP") and e.args:
+                return self._instance_class(e.args[0].value, func, depth + 1)
+            return None
+        if isinstance(e, cst.IfExp):
+            a = self._instance_class(e.body, func, depth + 1)
+            return a if a is not None and a is self._instance_class(e.orelse, func, depth + 1) else None
+        if isinstance(e, cst.Attribute) and e.attr.value in ("module", "_orig_mod"):
+            return self._instance_class(e.value, func, depth + 1)
+        d = dotted(e)
+        if not d:
+            return None
+        found = None
+        for b in self._bind.get((self._sid_for(d, func), d), [])[:4]:
+            if b.kind != "assign" or b.value is None:
+                continue
+            c = self._instance_class(b.value, b.scope, depth + 1)
+            if c is not None:
+                if found is not None and c is not found:
+                    return None
+                found = c
+        return found
 
     def _own_base(self, cls: cst.ClassDef) -> Optional[cst.ClassDef]:
         for b in cls.bases:
@@ -615,8 +690,10 @@ class Roles:
         stmt_ids = {id(c) for c, _ in t.stmt_calls}
         for key, ms in methods.items():
             path = key[1]
-            if path == "self":
+            if path == "self" or (key[0] == 0 and path.split(".")[0] in t.imports):
                 continue
+            if "accumulate" in ms and not any(c.args for c in ms["accumulate"]):
+                del ms["accumulate"]
 
             def first(*names):
                 for n in names:
@@ -630,10 +707,14 @@ class Roles:
             elif "unscale_" in ms:
                 self._ev(key, "usage", "grad_scaler", f"`{path}.unscale_(...)`", first("unscale_"))
             # accelerator / fabric
-            if {"prepare", "accumulate", "unwrap_model", "gather_for_metrics", "prepare_model"} & set(ms):
-                c = first("prepare", "accumulate", "unwrap_model", "gather_for_metrics", "prepare_model")
+            acc_calls = _ACCEL_METHODS & set(ms)
+            if acc_calls or ("accumulate" in ms and "backward" in ms):
+                c = first(*sorted(acc_calls)) if acc_calls else first("accumulate")
                 self._ev(key, "usage", "accelerator", f"`{path}.{c.func.attr.value}(...)`", c)  # type: ignore[union-attr]
-            if {"setup_dataloaders", "setup_module", "setup_optimizers", "clip_gradients", "no_backward_sync"} & set(ms):
+            fab = {"setup_dataloaders", "setup_module", "setup_optimizers", "clip_gradients", "no_backward_sync",
+                   "launch", "backward", "setup"} & set(ms)
+            if len(fab) >= 2 and fab & {"setup_dataloaders", "setup_module", "setup_optimizers", "clip_gradients",
+                                        "no_backward_sync"}:
                 c = first("setup_dataloaders", "setup_module", "setup_optimizers", "clip_gradients", "no_backward_sync")
                 self._ev(key, "usage", "fabric", f"`{path}.{c.func.attr.value}(...)`", c)  # type: ignore[union-attr]
             # optimizer: stepped and zeroed (a model has zero_grad but no step; an engine has backward)
@@ -645,15 +726,16 @@ class Roles:
                 bwc = [c for c in ms["backward"] if c.args]
                 if bwc and not ({"setup", "setup_dataloaders", "clip_gradients"} & set(ms)):
                     self._ev(key, "usage", "deepspeed_engine", f"`{path}.backward(loss)` and `{path}.step()`", bwc[0])
-            if "get_last_lr" in ms or "get_lr" in ms:
+            if ("get_last_lr" in ms or "get_lr" in ms) and "step" in ms and "zero_grad" not in ms:
                 self._ev(key, "usage", "scheduler", f"`{path}.get_last_lr()`", first("get_last_lr", "get_lr"))
             # model usage
             model_calls = [m for m in ("parameters", "named_parameters", "gradient_checkpointing_enable",
-                                       "save_pretrained", "resize_token_embeddings", "get_input_embeddings",
-                                       "named_modules", "modules", "enable_input_require_grads", "print_trainable_parameters")
+                                       "resize_token_embeddings", "get_input_embeddings",
+                                       "named_modules", "enable_input_require_grads", "print_trainable_parameters")
                            if m in ms]
-            stmt_model = [m for m in ("to", "cuda", "train", "eval", "half", "bfloat16", "float", "requires_grad_")
-                          if m in ms and any(id(c) in stmt_ids for c in ms[m])]
+            iter_bound = key in self._loop_targets
+            stmt_model = [m for m in ("to", "cuda", "eval") if m in ms and any(id(c) in stmt_ids for c in ms[m])
+                          and not iter_bound]
             if model_calls or stmt_model:
                 m = (model_calls or stmt_model)[0]
                 self._ev(key, "usage", "model", f"`{path}.{m}(...)`", ms[m][0], weak=True)
@@ -680,14 +762,24 @@ class Roles:
             self._ev(key, "usage", "model", f"`{_code(node)}` produces the loss of `{bw}`", node)
 
     def _trace_loss(self, expr: cst.BaseExpression, func: Scope, depth: int, seen: set, found: list) -> None:
-        from bertlint.analysis.walk import iter_nodes
-
+        """Walk back from a loss expression: names to their bindings, method calls to their receivers and
+        arguments, function calls (a criterion, ``F.cross_entropy``) to their first argument (the prediction, not
+        the target); a call that is a forward candidate ends the walk there."""
         if depth > 5 or len(found) > 6:
             return
-        for n in iter_nodes(expr):
+        stack = [expr]
+        while stack:
+            n = stack.pop()
             if isinstance(n, cst.Call):
-                self._forward_candidate(n, func, depth, seen, found)
-            elif isinstance(n, cst.Name) and n.value not in ("self", "True", "False", "None"):
+                # a forward's inputs can come from another forward (``D(G(z))``): its arguments are walked too
+                if not self._forward_candidate(n, func, depth, seen, found):
+                    f = n.func
+                    if isinstance(f, cst.Attribute) and not (dotted(f) and dotted(f).split(".")[0] in self.t.imports):
+                        stack.append(f.value)
+                stack.extend(a.value for a in n.args if a.keyword is None or not _TARGET_KW.match(a.keyword.value))
+            elif isinstance(n, cst.Name):
+                if n.value in ("self", "True", "False", "None"):
+                    continue
                 key = (self._sid_for(n.value, func), n.value)
                 if key in seen:
                     continue
@@ -695,24 +787,33 @@ class Roles:
                 for b in self._bind.get(key, [])[:4]:
                     if b.kind in ("assign", "unpack") and b.value is not None:
                         self._trace_loss(b.value, b.scope, depth + 1, seen, found)
+            elif isinstance(n, cst.Attribute):
+                stack.append(n.value)
+            elif isinstance(n, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
+                continue
+            else:
+                from bertlint.analysis.walk import children
 
-    def _forward_candidate(self, call: cst.Call, func: Scope, depth: int, seen: set, found: list) -> None:
+                stack.extend(children(n))
+
+    def _forward_candidate(self, call: cst.Call, func: Scope, depth: int, seen: set, found: list) -> bool:
+        """Record ``call`` when it may be the forward that produced the loss; True when the walk stops here."""
         f = call.func
         if isinstance(f, cst.Attribute) and f.attr.value == "forward":
             f = f.value
         path = dotted(f)
         if not path:
-            return
+            return False
         parts = path.split(".")
         if parts[0] in self.t.imports or path in self.t.classes:
-            return
+            return False
         if _FWD_SKIP.search(parts[-1]):
-            return
+            return False
         target = self._callee_def(call, func) if path != "self" else None
         if target is not None:
             fn, offset = target
             if ("def", id(fn)) in seen or depth > 3:
-                return
+                return True
             seen.add(("def", id(fn)))
             inner: list = []
             for r in self.t.returns.get(id(fn), [])[:3]:
@@ -728,14 +829,24 @@ class Roles:
                         found.append((d, func, node))
                 else:
                     found.append((ipath, iscope, node))
-            return
+            return True
         if path == "self":
             found.append(("self", func, call))
-            return
-        if (self._sid_for(path, func), path) in self._bind or (parts[0] == "self" and len(parts) == 2) or (
-            len(parts) > 1 and parts[-1] == "module"
-        ):
+            return True
+        key = (self._sid_for(path, func), path)
+        if key in self._bind or (parts[0] == "self" and len(parts) == 2) or (len(parts) > 1 and parts[-1] == "module"):
+            for b in self._bind.get(key, ()):
+                if b.kind != "assign" or b.value is None:
+                    continue
+                if not isinstance(b.value, cst.Call) and self.t.qualname(b.value):
+                    return False  # a class alias (``Tensor = torch.cuda.FloatTensor``)
+                if isinstance(b.value, cst.Call):
+                    c = classify_qualname(self.t.qualname(b.value.func) or "")
+                    if c is not None and c[0] == "other":
+                        return False  # a loss module, a tokenizer ...
             found.append((path, func, call))
+            return True
+        return False
 
     def _ev(self, key: tuple, kind: str, role: str, why: str, node, weak: bool = False, **kw) -> None:
         e = Evidence("import" if weak and kind == "usage" else kind, role, why, node, **kw)
@@ -869,8 +980,8 @@ class Roles:
         if b.value is None:
             return []
         if b.kind == "unpack" and isinstance(b.value, cst.Call):
-            return self._call_evidence(b.value, b.scope, b.index, depth + 1)
-        return self._expr_evidence(b.value, b.scope, depth + 1)
+            return self._call_evidence(b.value, b.scope, b.index, depth + 1, before=b.seq)
+        return self._expr_evidence(b.value, b.scope, depth + 1, before=b.seq)
 
     def _param_evidence(self, b: _Binding, path: str, depth: int) -> list:
         ev: list = []
@@ -895,7 +1006,9 @@ class Roles:
         params = _params(fn)
         idx = b.index or 0
         kwonly = p in fn.params.kwonly_params
-        for call, cscope, offset in self._callsites.get(id(fn), []):
+        site_ev: list = []
+        site_roles: set = set()
+        for call, cscope, offset in self._callsites.get(id(fn), [])[:12]:
             arg = None
             if not kwonly and idx - offset >= 0:
                 arg = positional(call, idx - offset)
@@ -903,12 +1016,16 @@ class Roles:
                 arg = kwarg(call, name)
             if arg is None or any(a.star for a in call.args if a.keyword is None and positional(call, idx - offset) is None):
                 continue
-            sub = self._expr_evidence(arg, cscope, depth + 1)
-            for e in sub:
-                if e.kind != "name":
-                    ev.append(Evidence(e.kind if e.kind != "constructor" else "usage", e.role,
-                                       f"argument `{_code(arg)}` at a call of `{fn.name.value}()`: {e.why}",
-                                       e.node, e.qualname, e.wrapped_by))
+            sub = decide(self._expr_evidence(arg, cscope, depth + 1))
+            if sub is None or not sub.confident:
+                continue
+            site_roles.add(sub.role)
+            e = next(x for x in sub.evidence if x.role == sub.role)
+            site_ev.append(Evidence("usage", sub.role, f"argument `{_short_text(arg)}` at a call of `{fn.name.value}()`: {e.why}",
+                                    e.node, sub.qualname, sub.wrapped_by))
+        # a generic helper called with different things (``exists(x)``) takes no role from its call sites
+        if len(site_roles) == 1 or (site_roles and site_roles <= _MODEL_LIKE):
+            ev.extend(site_ev)
         del params
         return ev
 
@@ -932,11 +1049,11 @@ class Roles:
             return out
         return []
 
-    def _expr_evidence(self, expr: cst.BaseExpression, scope: Scope, depth: int) -> list:
+    def _expr_evidence(self, expr: cst.BaseExpression, scope: Scope, depth: int, before: int = 0) -> list:
         if depth > 10:
             return []
         if isinstance(expr, cst.Call):
-            return self._call_evidence(expr, scope, None, depth + 1)
+            return self._call_evidence(expr, scope, None, depth + 1, before=before)
         if isinstance(expr, cst.IfExp):
             a = decide(self._expr_evidence(expr.body, scope, depth + 1))
             b = decide(self._expr_evidence(expr.orelse, scope, depth + 1))
@@ -957,13 +1074,24 @@ class Roles:
         d = dotted(expr)
         if d:
             key = (self._sid_for(d, scope), d)
+            if before:
+                # ``model_without_ddp = model`` before ``model = DDP(model)``: only the bindings made so far count
+                binds = self._bind.get(key, [])
+                if any(b.seq >= before for b in binds) and any(0 < b.seq < before for b in binds):
+                    ev: list = []
+                    for b in binds:
+                        if 0 < b.seq < before or b.kind in ("param", "iter"):
+                            ev.extend(self._binding_evidence(b, d, depth + 1))
+                    ev.extend(e for e in self._usage.get(key, []) if not isinstance(e, _Lazy))
+                    r = decide(ev)
+                    return list(r.evidence) if r is not None and r.confident else []
             if key in self._busy:
                 return []
             r = self._key_role(key)
             return list(r.evidence) if r is not None and r.confident else []
         return []
 
-    def _call_evidence(self, call: cst.Call, scope: Scope, index: Optional[int], depth: int) -> list:
+    def _call_evidence(self, call: cst.Call, scope: Scope, index: Optional[int], depth: int, before: int = 0) -> list:
         if depth > 10:
             return []
         f = call.func
@@ -982,7 +1110,7 @@ class Roles:
                 args = [a.value for a in call.args if a.keyword is None and not a.star]
                 i = index if index is not None else 0
                 if i < len(args):
-                    sub = decide(self._expr_evidence(args[i], scope, depth + 1))
+                    sub = decide(self._expr_evidence(args[i], scope, depth + 1, before))
                     wb = "accelerator" if last == "prepare" else "fabric"
                     if sub is not None and sub.confident:
                         return [Evidence("usage", sub.role, f"`{name}(...)` position {i} ({sub.why})", call,
@@ -1016,13 +1144,15 @@ class Roles:
             inner = positional(call, 0) if (q.startswith("torch.") or last in ("unwrap_model",)) and recv_expr is None or \
                 q in ("torch.compile", "torch.jit.script") or last == "unwrap_model" else recv_expr
             if inner is not None:
-                sub = decide(self._expr_evidence(inner, scope, depth + 1))
+                sub = decide(self._expr_evidence(inner, scope, depth + 1, before))
                 if sub is not None and sub.confident and sub.role in ("model", "ddp_model", "lightning_module", "pipeline"):
                     role = "model" if last == "unwrap_model" else sub.role
                     return [Evidence(e.kind, role, e.why, e.node, e.qualname, e.wrapped_by) for e in sub.evidence
                             if e.role == sub.role]
             if recv_expr is not None:
                 return []
+        if index is not None and self._callee_def(call, scope) is None:
+            return []  # ``a, b = f(...)``: what position i of an unknown result is, is unknown
         # --- a known package's constructor / factory
         c = classify_qualname(q) if q else None
         if c is not None:
@@ -1103,8 +1233,10 @@ class Roles:
                                                   or kwarg(call, "model_params"))
         kws = {a.keyword.value for a in call.args if a.keyword is not None}
         if params is not None and self._is_params(params, scope, 0):
-            looks = bool(_OPT_CLASS_NAMES.search(last)) or bool(kws & _OPT_KWARGS) or len(
-                [a for a in call.args if a.keyword is None]) >= 2
+            pos = [a.value for a in call.args if a.keyword is None]
+            lr_pos = len(pos) >= 2 and (isinstance(pos[1], (cst.Float, cst.Integer)) or
+                                        re.search(r"(^|_|\.)(lr|learning_rate)$", dotted(pos[1]) or "") is not None)
+            looks = bool(_OPT_CLASS_NAMES.search(last)) or bool(kws & _OPT_KWARGS) or lr_pos
             if looks and not _SCHED_CLASS.search(last) and "ema" not in last.lower():
                 return [Evidence("usage", "optimizer", f"`{name}(...)` built from model parameters", call, q or None)]
         # a scheduler: built on an optimizer
@@ -1189,6 +1321,14 @@ class Roles:
             return []
         if isinstance(e, cst.Call):
             n = call_name(e) or ""
+            target = self._callee_def(e, scope)
+            if target is not None and target[0].name.value != "__init__":
+                fn = target[0]
+                rs = [decide(self._class_value_evidence(r, fn, depth + 1)) for r in self.t.returns.get(id(fn), [])[:6]]
+                if rs and all(r is not None for r in rs) and len({r.role for r in rs}) == 1:
+                    return [Evidence("constructor", rs[0].role, f"the class returned by `{fn.name.value}()`", e,
+                                     rs[0].qualname)]
+                return []
             if n == "getattr" and e.args:
                 mod = self.t.qualname(e.args[0].value) or dotted(e.args[0].value) or ""
                 if mod in ("torch.optim", "bitsandbytes.optim", "torch_optimizer", "transformers.optimization"):
@@ -1309,6 +1449,10 @@ def _family_of_qualname(q: str) -> Optional[str]:
     return None
 
 
+def _is_static(fn: cst.FunctionDef) -> bool:
+    return any((dotted(d.decorator) or "") == "staticmethod" for d in fn.decorators)
+
+
 def _params(fn: cst.FunctionDef) -> list[cst.Param]:
     p = fn.params
     out = list(p.posonly_params) + list(p.params)
@@ -1348,6 +1492,11 @@ def _index_of(sub: cst.Subscript) -> Optional[int]:
         if isinstance(v, cst.Integer):
             return int(v.value)
     return None
+
+
+def _short_text(node: cst.CSTNode) -> str:
+    d = dotted(node)  # type: ignore[arg-type]
+    return d if d else _code(node)
 
 
 def _code(node: cst.CSTNode) -> str:

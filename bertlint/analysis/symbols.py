@@ -85,6 +85,7 @@ class Assignment:
     value: cst.BaseExpression
     func: FuncNode  # innermost enclosing function, None at module level
     node: cst.CSTNode
+    seq: int = 0  # source order among the file's bindings (assignments and unpackings)
 
 
 @dataclass
@@ -128,6 +129,8 @@ class SymbolTable(cst.CSTVisitor):
         # for Resolver.fact: bindings that make a name's value not a single assignment
         self.aug_assigns: dict[str, list[tuple[cst.AugAssign, FuncNode]]] = {}  # ``x += 1``
         self.item_assigns: dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression, FuncNode]]] = {}  # d[k] = v
+        self.unpack_seq: dict[int, int] = {}  # id(call) of an unpacking -> its source order (Assignment.seq)
+        self._seq = 0
 
     # ---- imports
     def visit_Import(self, node: cst.Import) -> None:
@@ -229,7 +232,8 @@ class SymbolTable(cst.CSTVisitor):
             return
         name = dotted(target)
         if name:
-            self.assignments.setdefault(name, []).append(Assignment(name, value, func, node))
+            self._seq += 1
+            self.assignments.setdefault(name, []).append(Assignment(name, value, func, node, self._seq))
         elif isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
             owner = dotted(target.value)
             if owner:
@@ -245,6 +249,8 @@ class SymbolTable(cst.CSTVisitor):
             self._add(t.target, node.value, node)
             if isinstance(t.target, (cst.Tuple, cst.List)) and isinstance(node.value, cst.Call):
                 names = [None if isinstance(el, cst.StarredElement) else dotted(el.value) for el in t.target.elements]
+                self._seq += 1
+                self.unpack_seq[id(node.value)] = self._seq
                 self.unpacks.append((names, node.value, self._func_stack[-1] if self._func_stack else None))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
