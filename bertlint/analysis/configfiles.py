@@ -28,8 +28,6 @@ from typing import Any, Iterator, Optional
 
 try:  # libcst is only needed for the script side
     import libcst as cst
-
-    from bertlint.analysis.walk import walk
 except Exception:  # pragma: no cover
     cst = None  # type: ignore
 
@@ -633,6 +631,38 @@ def _acc_configs_in(d: str) -> tuple[AccelerateConfig, ...]:
     return tuple(out)
 
 
+def deepspeed_configs_near(script_path: Optional[str], source: Optional[str] = None) -> list[ConfigDoc]:
+    """The DeepSpeed JSON configs a launch of this script would name (``--deepspeed ds_config.json``): those the
+    script (or a shell script beside it that runs it) names, else the single DeepSpeed config of the script's folder
+    (with its ``configs/`` / ``config/`` / ``ds_configs/`` subfolders); none when there are several and nothing
+    names one."""
+    if not script_path or script_path in ("-", "<stdin>"):
+        return []
+    d = os.path.dirname(os.path.abspath(script_path))
+    script = os.path.basename(script_path)
+    found: list[ConfigDoc] = []
+    for sub in ("", "configs", "config", "ds_configs", "deepspeed_configs"):
+        folder = os.path.join(d, sub) if sub else d
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for n in names:
+            if not n.lower().endswith(".json"):
+                continue
+            doc = load_document(os.path.join(folder, n))
+            if doc.error is None and classify(doc.data) == "deepspeed":
+                found.append(doc)
+    if not found:
+        return []
+    shells = _shell_texts(d)
+    named = [doc for doc in found if (source and os.path.basename(doc.path or "") in source)
+             or any(os.path.basename(doc.path or "") in t and script in t for t in shells)]
+    if named:
+        return named
+    return found if len(found) == 1 else []
+
+
 def accelerate_configs_referencing(config_path: str) -> list[AccelerateConfig]:
     """accelerate YAMLs beside ``config_path`` whose ``deepspeed_config_file`` names it."""
     target = os.path.abspath(config_path)
@@ -775,37 +805,22 @@ def is_training_arguments(ctx: Any, call: Any) -> bool:
     return q == last or q.startswith("transformers")
 
 
-class _Collector(cst.CSTVisitor if cst else object):  # type: ignore[misc]
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, Any, Any]] = []  # (call, enclosing func, enclosing class)
-        self._funcs: list = []
-        self._classes: list = []
-
-    def visit_FunctionDef(self, node) -> None:
-        self._funcs.append(node)
-
-    def leave_FunctionDef(self, node) -> None:
-        self._funcs.pop()
-
-    def visit_ClassDef(self, node) -> None:
-        self._classes.append(node)
-
-    def leave_ClassDef(self, node) -> None:
-        self._classes.pop()
-
-    def visit_Call(self, node) -> None:
-        self.calls.append((node, self._funcs[-1] if self._funcs else None,
-                           self._classes[-1] if self._classes else None))
-
-
 def all_calls(ctx: Any) -> list[tuple[Any, Any, Any]]:
-    """Every call in the module with its enclosing function and class (one walk, cached on ctx)."""
+    """Every call in the module with its enclosing function and class, from the shared index (``ctx.index``: no
+    walk of its own), cached on ctx."""
     got = getattr(ctx, "_cf_calls", None)
     if got is None:
-        c = _Collector()
-        walk(ctx.module, c)
-        got = c.calls
+        got = []
+        index = ctx.index
+        for call in index.of(cst.Call):
+            func = cls = None
+            for a in index.ancestors(call):
+                if func is None and isinstance(a, cst.FunctionDef):
+                    func = a
+                elif isinstance(a, cst.ClassDef):
+                    cls = a
+                    break
+            got.append((call, func, cls))
         try:
             ctx._cf_calls = got
         except Exception:

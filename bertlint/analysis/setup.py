@@ -671,13 +671,23 @@ class _Builder:
         if literal(expr) is not UNKNOWN:
             return "keyword"
         if isinstance(expr, cst.Attribute) and expr.attr.value in self.t.argparse:
-            return f"argparse default of --{expr.attr.value}"
+            return f"argparse default of {self._option(expr.attr.value)}"
         if isinstance(expr, cst.Attribute) and expr.attr.value in self.t.dataclass_fields:
             return f"dataclass default of `{expr.attr.value}`"
         d = dotted(expr)
         if d:
             return f"keyword (`{d}`)"
         return "keyword"
+
+    def _option(self, dest: str) -> str:
+        """The command-line option as written (``--grad-acc``) for an argparse destination (``grad_acc``)."""
+        opt = self.t.argparse.get(dest)
+        if opt is not None:
+            for a in opt.call.args:
+                v = literal(a.value) if a.keyword is None else None
+                if isinstance(v, str) and v.startswith("--"):
+                    return v
+        return f"--{dest}"
 
     def hf_parser_args(self) -> list[TrainingArgs]:
         """``HfArgumentParser((ModelArguments, TrainingArguments))`` + ``parse_*`` calls."""

@@ -61,12 +61,18 @@ _CERTAIN_ORIGINS = ("keyword", "**", "attribute assignment", "parse_dict", "defa
 _static = cf.is_static_expr
 
 
+class _OneWorldSize(str):
+    """A mismatch note for a ``train_batch_size`` that holds at one world size only (a warning: the launch may use
+    exactly that one)."""
+
+
 class _HF:
     """Certain TrainingArguments values of one ``TrainingArgs``."""
 
-    def __init__(self, ctx, ta) -> None:
+    def __init__(self, ctx, ta, launch: bool = False) -> None:
         self.ctx = ctx
         self.ta = ta
+        self.launch = launch  # judging a launch with the command line's defaults: argparse defaults count
 
     def get(self, name: str):
         """(value, origin text) or (UNKNOWN, "")."""
@@ -75,12 +81,16 @@ class _HF:
             return UNKNOWN, ""
         s = ta.setting(name)
         if s is not None:
-            if s.value is UNKNOWN or not any(s.origin.startswith(o) for o in _CERTAIN_ORIGINS) and \
+            cli = self.launch and s.origin.startswith("argparse default of --")
+            if s.value is UNKNOWN or not cli and not any(s.origin.startswith(o) for o in _CERTAIN_ORIGINS) and \
                     not (ta.source_file and s.origin == os.path.basename(ta.source_file)):
                 return UNKNOWN, ""
             node = s.node
-            if isinstance(node, cst.Arg) and node.keyword is not None and not _static(self.ctx, node.value, ta.func):
+            if isinstance(node, cst.Arg) and node.keyword is not None and not cli and \
+                    not _static(self.ctx, node.value, ta.func):
                 return UNKNOWN, ""
+            if cli:
+                return s.value, f"the default of `{s.origin[len('argparse default of '):]}`"
             where = s.origin
             try:
                 if node is not None:
@@ -109,9 +119,10 @@ def _fmt(v) -> str:
     return repr(v) if not isinstance(v, list) else "[" + ", ".join(_fmt(x) for x in v) + "]"
 
 
-def mismatches(ctx, ta, data: dict):
-    """[(ds key path, ds value, hf name, hf value, hf origin, note)] for one TrainingArguments + DS config."""
-    hf = _HF(ctx, ta)
+def mismatches(ctx, ta, data: dict, launch: bool = False):
+    """[(ds key path, ds value, hf name, hf value, hf origin, note)] for one TrainingArguments + DS config.
+    ``launch``: the config arrives from the command line, and argparse defaults stand for the launch's values."""
+    hf = _HF(ctx, ta, launch)
     out = []
 
     def val(path):
@@ -148,6 +159,13 @@ def mismatches(ctx, ta, data: dict):
                         f"world_size × {pd} × {ga}",
                         f"{tb} is not a multiple of per_device_train_batch_size × gradient_accumulation_steps = "
                         f"{pd} × {ga} = {per}, so it differs at every world size"))
+        elif tb != per:
+            only = tb // per
+            out.append((("train_batch_size",), tb, "train_batch_size (calculated)", None,
+                        f"world_size × {pd} × {ga}",
+                        _OneWorldSize(f"{tb} = {pd} × {ga} × {only} holds only on exactly {only} GPUs (processes); "
+                                      f"on any other number — one GPU included — it differs (the world size comes "
+                                      f"from the launch and is not in the script or `[tool.bertlint] world-size`)")))
     mg, mg_o = hf.get("max_grad_norm")
     cmp_num(("gradient_clipping",), "max_grad_norm", mg, mg_o)
     lr, lr_o = hf.get("learning_rate")
@@ -203,6 +221,9 @@ def check(ctx) -> None:
     tv = None
     for ta in getattr(fs, "training_args", []) or []:
         s = ta.setting("deepspeed")
+        if s is not None and s.value is None and s.origin.startswith("argparse default of --"):
+            _check_launch(ctx, ta, s)
+            continue
         if s is None or s.value is UNKNOWN or s.value is None:
             continue
         info = {"data": None, "doc": None, "path": None, "dict_node": None, "key_nodes": {}, "mutated": False}
@@ -260,5 +281,50 @@ def check(ctx) -> None:
             if isinstance(el, cst.DictElement):
                 fix = ctx.fix(f"Set `{key}` to \"auto\" (the Trainer fills it from TrainingArguments)",
                               [ctx.edit_replace(el.value, '"auto"')], Applicability.UNSAFE)
-            ctx.report(node, msg, fix=fix, data={"key": key, "ds_value": dv, "hf_name": hname,
-                                                  "hf_value": hv if not isinstance(hv, float) else float(hv)})
+            one_ws = isinstance(note, _OneWorldSize)
+            if one_ws:
+                msg = msg.replace("; on ", "; on that other number of GPUs, on ", 1)
+            ctx.report(node, msg, fix=fix, severity=Severity.WARNING if one_ws else None,
+                       data={"key": key, "ds_value": dv, "hf_name": hname,
+                             "hf_value": hv if not isinstance(hv, float) else float(hv)})
+
+
+def _check_launch(ctx, ta, s) -> None:
+    """``TrainingArguments(deepspeed=args.deepspeed)`` with no default: DeepSpeed arrives with the launch
+    (``--deepspeed ds_config.json``). When the config it would name is known (the script names it, or it is the single
+    DeepSpeed config beside the script), compare it with the TrainingArguments the command-line defaults give, and
+    report once, as a warning that says what it assumes."""
+    docs = cf.deepspeed_configs_near(getattr(ctx, "filename", None), ctx.source)
+    if len(docs) != 1:
+        return
+    doc = docs[0]
+    found = mismatches(ctx, ta, doc.data, launch=True)
+    if not found:
+        return
+    flag = s.origin[len("argparse default of "):]
+    name = os.path.basename(doc.path or "")
+    named = name in ctx.source
+    parts = []
+    for path, dv, hname, hv, horigin, note in found:
+        key = ".".join(str(p) for p in path)
+        row, _ = doc.key_position(path)
+        if note:
+            parts.append(f"`{key}`={_fmt(dv)} ({name}:{row}) vs `{hname}` = {horigin}: {note}")
+        else:
+            parts.append(f"`{key}`={_fmt(dv)} ({name}:{row}) vs `{hname}`={_fmt(hv)} ({horigin})")
+    try:
+        tv = ctx.versions.transformers.describe()
+    except Exception:
+        tv = "transformers"
+    where = "the script names it" if named else "the only DeepSpeed config beside the script"
+    node = s.node if s.node is not None else ta.node
+    ctx.report(
+        node,
+        f"When launched with `{flag} {name}` ({where}) and the other command-line defaults, the DeepSpeed config "
+        f"disagrees with the TrainingArguments: " + "; ".join(parts) + f". The Trainer fills only \"auto\" values "
+        f"and records every literal that differs; on {tv} `trainer.train()` then raises `ValueError: Please correct "
+        f"the following DeepSpeed config values that mismatch TrainingArguments values`. Fix: set these keys to "
+        f"\"auto\" in {name} so the Trainer fills them from the command line's values.",
+        severity=Severity.WARNING,
+        data={"keys": [".".join(str(p) for p in f[0]) for f in found], "launch": True, "config": name},
+    )
