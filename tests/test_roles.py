@@ -359,3 +359,45 @@ def test_loss_walk_finds_the_model_not_the_label_transform():
     assert r.role("model", tr) == "model" and r.of("model", tr).confident
     assert r.role("mixup_fn", tr) is None
     assert r.role("criterion", tr) == "other"
+
+
+def test_origin_follows_parameters_to_the_constructor():
+    t, r = _roles("""
+        from accelerate import Accelerator
+        def train(accelerator, model):
+            accelerator.backward(model(1))
+        def main(model):
+            acc = Accelerator(gradient_accumulation_steps=4)
+            train(acc, model)
+    """)
+    role = r.of("accelerator", _fn(t, "train"))
+    assert role.role == "accelerator"
+    assert symbols.call_name(role.origin) == "Accelerator"
+    assert r.legacy_kind("accelerator", _fn(t, "train")) == ("accelerator", True)
+
+
+def test_legacy_kinds_for_the_loop_model():
+    t, r = _roles("""
+        import torch, deepspeed
+        def main(model):
+            scaler = torch.cuda.amp.GradScaler()
+            engine, opt, _, sched = deepspeed.initialize(model=model, config="ds.json")
+    """)
+    main = _fn(t, "main")
+    assert r.legacy_kind("scaler", main) == ("scaler", True)
+    assert r.legacy_kind("engine", main) == ("engine", True)
+    assert r.legacy_kind("opt", main) == ("ds_optimizer", True)
+    assert r.legacy_kind("sched", main) == ("ds_scheduler", True)
+
+
+def test_callback_and_dataset_families():
+    t, r = _roles("""
+        from transformers import TrainerCallback
+        from torch.utils.data import Dataset
+        class CB(TrainerCallback):
+            pass
+        class DS(Dataset):
+            pass
+    """)
+    assert r.class_family(t.classes["CB"]) == "callback"
+    assert r.class_family(t.classes["DS"]) == "dataset"

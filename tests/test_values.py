@@ -152,3 +152,38 @@ def test_existing_value_api_unchanged():
     t, r = _r(SCRIPT)
     assert r.value(cst.parse_expression("args.grad_accum")) == 4
     assert r.int_value(cst.parse_expression("ACC * 2")) == 4
+
+
+def test_set_defaults_self_reference_and_in_place_updates():
+    t, r = _r("""
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--accum", type=int, default=2)
+        parser.add_argument("--epochs", type=int, default=3)
+        parser.set_defaults(epochs=10)
+        args = parser.parse_args()
+        args.accum = args.accum * 2
+
+        class Loop:
+            def __init__(self):
+                self.n = 4
+                self.k = 0
+            def run(self):
+                self.k += 1
+                return self.n, self.k
+    """)
+    assert _fact(r, "args.epochs").value == 10
+    acc = _fact(r, "args.accum")
+    assert acc.value == 4 and acc.kind == "default"
+    run = t.functions["run"][0]
+    assert _fact(r, "self.n", run).value == 4
+    assert _fact(r, "self.k", run).value is UNKNOWN
+
+
+def test_source_line_via_describe():
+    from bertlint.context import FileContext
+
+    src = "import argparse\np = argparse.ArgumentParser()\np.add_argument('--grad-accum', type=int, default=4)\nargs = p.parse_args()\n"
+    ctx = FileContext("x.py", src, cst.parse_module(src), None)
+    f = ctx.resolver.fact(cst.parse_expression("args.grad_accum"))
+    assert f.describe(ctx) == "argparse default of --grad-accum (line 3)"

@@ -16,6 +16,10 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
     role.qualname                          # resolved constructor when known ("torch.optim.AdamW", "lightning.Trainer")
     role.wrapped_by                        # "accelerator" | "fabric" | "deepspeed" | "ddp" | "fsdp" | "apex" | None
     role.conflicts                         # other roles some evidence pointed at (empty when consistent)
+    role.origin                            # the constructor Call that built it (``Accelerator(...)``) followed
+                                           # through prepare / factories / call-site arguments; role.origins: all
+    r.legacy_kind("scaler", func)          # (kind, confident) in loops.py's words: "scaler", "engine",
+                                           # "ddp", "ds_optimizer" ... (an adapter for the old receiver kinds)
     r.role("self.optimizer", method)       # the role string or None (any confidence)
     r.is_("opt_g", "optimizer", func)      # bool; confident=True to ignore name-only roles
     r.all("optimizer")                     # [(scope, path, Role)]: every binding with that role
@@ -23,8 +27,9 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
     r.is_forward(call, func)               # True: a graph-recording forward (model(...), self(...) in a Module,
                                            # self.forward(...)); False: known not (a pipeline, a tokenizer); None
     r.class_family(classdef)               # "trainer" | "lightning_module" | "module" | "optimizer" |
-                                           # "scheduler" | "pipeline" | None  (bases followed through the file's
-                                           # own classes and imports: trl.SFTTrainer -> "trainer")
+                                           # "scheduler" | "pipeline" | "callback" | "dataset" | None (bases
+                                           # followed through the file's own classes and imports:
+                                           # trl.SFTTrainer -> "trainer"; PreTrainedModel -> "module")
     r.class_base(classdef)                 # the framework class reached: "trl.SFTTrainer", "torch.nn.Module", ...
 
 Scopes: a plain name is looked up in the function it is read in, then its enclosing functions, then the module;
@@ -96,6 +101,7 @@ class Evidence:
     node: Optional[cst.CSTNode] = None
     qualname: Optional[str] = None
     wrapped_by: Optional[str] = None
+    origin: Optional[cst.Call] = None  # the constructor call that built the value, when known
 
     @property
     def strength(self) -> int:
@@ -132,6 +138,24 @@ class Role:
             if e.role == self.role and e.wrapped_by:
                 return e.wrapped_by
         return None
+
+    @property
+    def origin(self) -> Optional[cst.Call]:
+        """The constructor call that built the value (``Accelerator(...)``, ``AdamW(...)``), followed through
+        ``prepare`` / ``setup``, same-file factories and call-site arguments; None when not known."""
+        for e in self.evidence:
+            if e.role == self.role and e.origin is not None:
+                return e.origin
+        return None
+
+    @property
+    def origins(self) -> tuple:
+        """Every distinct constructor call seen (a name assigned in two branches has two)."""
+        out: list = []
+        for e in self.evidence:
+            if e.role == self.role and e.origin is not None and all(o is not e.origin for o in out):
+                out.append(e.origin)
+        return tuple(out)
 
     @property
     def why(self) -> str:
@@ -362,6 +386,8 @@ def classify_qualname(q: str) -> Optional[tuple[str, Optional[str]]]:
 
 
 _FAMILY_OF_QUALNAME = (
+    ("callback", re.compile(r"^(transformers(\..*)?\.TrainerCallback|(lightning|pytorch_lightning)(\..*)?\.Callback)$")),
+    ("dataset", re.compile(r"^(torch\.utils\.data(\.dataset)?\.(Dataset|IterableDataset)|datasets(\..*)?\.Dataset)$")),
     ("trainer", re.compile(r"^(transformers|trl|lightning|pytorch_lightning)(\..*)?\.\w*Trainer$")),
     ("lightning_module", re.compile(r"^(lightning|pytorch_lightning)(\..*)?\.LightningModule$")),
     ("optimizer", re.compile(r"^torch\.optim(\.optimizer)?\.Optimizer$")),
@@ -480,6 +506,19 @@ class Roles:
         if r.role in ("pipeline", "other", "optimizer", "scheduler", "dataloader", "grad_scaler", "accelerator"):
             return False
         return None
+
+    def legacy_kind(self, target: Any, scope: Scope = None) -> tuple[Optional[str], bool]:
+        """(kind, confident) in ``analysis/loops.py``'s vocabulary: optimizer | scheduler | scaler | accelerator |
+        engine | fabric | ddp | ds_optimizer | ds_scheduler | ds_dataloader | model | None."""
+        r = self.of(target, scope)
+        if r is None:
+            return None, False
+        k = r.role
+        if r.wrapped_by == "deepspeed" and k in ("optimizer", "scheduler", "dataloader") and \
+                r.qualname == "deepspeed.initialize":
+            k = "ds_" + k
+        k = {"grad_scaler": "scaler", "deepspeed_engine": "engine", "ddp_model": "ddp"}.get(k, k)
+        return k, r.confident
 
     def class_family(self, cls: Optional[cst.ClassDef], hints: bool = False) -> Optional[str]:
         if cls is None:
@@ -1022,7 +1061,7 @@ class Roles:
             site_roles.add(sub.role)
             e = next(x for x in sub.evidence if x.role == sub.role)
             site_ev.append(Evidence("usage", sub.role, f"argument `{_short_text(arg)}` at a call of `{fn.name.value}()`: {e.why}",
-                                    e.node, sub.qualname, sub.wrapped_by))
+                                    e.node, sub.qualname, sub.wrapped_by, sub.origin))
         # a generic helper called with different things (``exists(x)``) takes no role from its call sites
         if len(site_roles) == 1 or (site_roles and site_roles <= _MODEL_LIKE):
             ev.extend(site_ev)
@@ -1114,7 +1153,7 @@ class Roles:
                     wb = "accelerator" if last == "prepare" else "fabric"
                     if sub is not None and sub.confident:
                         return [Evidence("usage", sub.role, f"`{name}(...)` position {i} ({sub.why})", call,
-                                         sub.qualname, wb)]
+                                         sub.qualname, wb, sub.origin)]
                 return []
         if last in ("setup_module", "setup_optimizers", "setup_dataloaders", "prepare_model", "prepare_optimizer",
                     "prepare_scheduler", "prepare_data_loader") and recv:
@@ -1128,14 +1167,15 @@ class Roles:
             i = 0 if index is None else index
             if i < len(roles):
                 return [Evidence("constructor", roles[i], f"`deepspeed.initialize(...)` result {i}", call,
-                                 "deepspeed.initialize", "deepspeed")]
+                                 "deepspeed.initialize", "deepspeed", call)]
             return []
         if (q.startswith("apex.amp.initialize") or name == "amp.initialize") and index is not None:
             args = [a.value for a in call.args if a.keyword is None]
             if index < len(args):
                 sub = decide(self._expr_evidence(args[index], scope, depth + 1))
                 if sub is not None and sub.confident:
-                    return [Evidence("usage", sub.role, f"`{name}(...)` position {index}", call, sub.qualname, "apex")]
+                    return [Evidence("usage", sub.role, f"`{name}(...)` position {index}", call, sub.qualname, "apex",
+                                     sub.origin)]
             return []
         if q in ("torch.compile", "torch.jit.script") or last in ("unwrap_model", "to_bettertransformer") or (
             recv_expr is not None and last in ("to", "cuda", "cpu", "half", "float", "bfloat16", "train", "eval",
@@ -1147,7 +1187,7 @@ class Roles:
                 sub = decide(self._expr_evidence(inner, scope, depth + 1, before))
                 if sub is not None and sub.confident and sub.role in ("model", "ddp_model", "lightning_module", "pipeline"):
                     role = "model" if last == "unwrap_model" else sub.role
-                    return [Evidence(e.kind, role, e.why, e.node, e.qualname, e.wrapped_by) for e in sub.evidence
+                    return [Evidence(e.kind, role, e.why, e.node, e.qualname, e.wrapped_by, e.origin) for e in sub.evidence
                             if e.role == sub.role]
             if recv_expr is not None:
                 return []
@@ -1160,32 +1200,35 @@ class Roles:
             kind = "import" if wb == "import" else "constructor"
             if role in ("ddp_model",):
                 pass
-            return [Evidence(kind, role, f"`{q}(...)`", call, q, None if wb == "import" else wb)]
+            return [Evidence(kind, role, f"`{q}(...)`", call, q, None if wb == "import" else wb, call)]
         # --- X.from_pretrained(...) of a known / own class
         if last in ("from_pretrained", "from_config", "from_single_file", "from_dict") and recv_expr is not None:
             cq = self.t.qualname(recv_expr) or recv or ""
             c = classify_qualname(cq)
             if c is not None:
-                return [Evidence("constructor", c[0], f"`{cq}.{last}(...)`", call, cq)]
+                return [Evidence("constructor", c[0], f"`{cq}.{last}(...)`", call, cq, None, call)]
             if recv in self.t.classes:
                 fam, base = self._class_info(self.t.classes[recv], 0)
                 if fam in _FAMILY_ROLE:
-                    return [Evidence("constructor", _FAMILY_ROLE[fam], f"`{recv}.{last}(...)` ({base})", call, base)]
+                    return [Evidence("constructor", _FAMILY_ROLE[fam], f"`{recv}.{last}(...)` ({base})", call, base,
+                                     None, call)]
             sub = decide(self._class_value_evidence(recv_expr, scope, depth + 1))
             if sub is not None:
-                return [Evidence("constructor", sub.role, f"`{_code(recv_expr)}.{last}(...)`", call, sub.qualname)]
+                return [Evidence("constructor", sub.role, f"`{_code(recv_expr)}.{last}(...)`", call, sub.qualname,
+                                 None, call)]
             return []
         # --- a class of this file
         if isinstance(f, cst.Name) and f.value in self.t.classes and f.value not in self.t.imports:
             cls = self.t.classes[f.value]
             fam, base = self._class_info(cls, 0)
             if fam in _FAMILY_ROLE:
-                return [Evidence("constructor", _FAMILY_ROLE[fam], f"`{f.value}(...)`, a subclass of {base}", call, base)]
+                return [Evidence("constructor", _FAMILY_ROLE[fam], f"`{f.value}(...)`, a subclass of {base}", call, base,
+                                 None, call)]
         # --- a variable holding a class (optimizer_cls(...), getattr(torch.optim, name)(...))
         if isinstance(f, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not q:
             cev = self._class_value_evidence(f, scope, depth + 1)
             if cev:
-                return [Evidence("constructor", e.role, f"`{_code(f)}(...)`: {e.why}", call, e.qualname, e.wrapped_by)
+                return [Evidence("constructor", e.role, f"`{_code(f)}(...)`: {e.why}", call, e.qualname, e.wrapped_by, call)
                         for e in cev]
         # --- a same-file factory: what it returns
         target = self._callee_def(call, scope)
@@ -1212,7 +1255,8 @@ class Roles:
                 if rroles and len({r.role for r in rroles}) == 1 and all(r.confident for r in rroles):
                     r0 = rroles[0]
                     return [Evidence("usage" if r0.evidence[0].kind != "constructor" else "constructor", r0.role,
-                                     f"returned by `{fn.name.value}()` ({r0.why})", call, r0.qualname, r0.wrapped_by)]
+                                     f"returned by `{fn.name.value}()` ({r0.why})", call, r0.qualname, r0.wrapped_by,
+                                     r0.origin if len(rroles) == 1 else None)]
                 del sub_ev
         # --- usage: built from model parameters / on an optimizer
         ev.extend(self._built_from(call, name, last, q, scope, depth))

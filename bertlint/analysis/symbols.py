@@ -843,13 +843,20 @@ class Resolver:
             return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
         attr = expr.attr.value
         owner = name.rsplit(".", 1)[0]
-        own_assigns = self._visible_assigns(name, func)
-        if own_assigns and name not in self.t.aug_assigns:
-            facts = [self._fact(a.value, a.func, d) for a in own_assigns]
+        busy = self.__dict__.setdefault("_fact_busy", set())
+        own_assigns = self._visible_assigns(name, func) if name not in busy else []
+        if own_assigns and name in self.t.aug_assigns:
+            return Fact(UNKNOWN, f"unknown: `{name}` is updated in place", expr, "unknown")
+        if own_assigns:
+            busy.add(name)
+            try:
+                facts = [self._fact(a.value, a.func, d) for a in own_assigns]
+            finally:
+                busy.discard(name)
             if all(f.known for f in facts) and len({repr(f.value) for f in facts}) == 1:
                 return facts[0]
-            if len(own_assigns) == 1 or not facts[0].known:
-                return facts[0] if not facts[0].known else Fact(UNKNOWN, f"unknown: `{name}` is assigned different values", expr, "unknown")
+            return next((f for f in facts if not f.known),
+                        Fact(UNKNOWN, f"unknown: `{name}` is assigned different values", expr, "unknown"))
         hf = self._hf_dataclass_of(owner, func)
         if hf is not None:
             return self._hf_fact(hf, attr, expr, d)
@@ -931,6 +938,12 @@ class Resolver:
 
     def _cli_fact(self, attr: str, expr, d: int) -> Optional["Fact"]:
         """``args.attr`` from this file's argparse options or (unique) dataclass field defaults."""
+        for call, cname, _f in self.t.calls:
+            if cname.endswith(".set_defaults") and kwarg(call, attr) is not None:
+                f = self._fact(kwarg(call, attr), None, d)
+                if not f.known:
+                    return Fact(UNKNOWN, f"unknown: `{cname}({attr}=...)` ({f.source})", call, "unknown")
+                return Fact(f.value, f"argparse default of {attr} (`{cname}(...)`)", call, "default")
         if attr in self.t.argparse:
             opt = self.t.argparse[attr]
             flag = _flag_of(opt)
