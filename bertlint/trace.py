@@ -254,11 +254,27 @@ class Trace:
         opts = self.optimizers()
         if not opts:
             return None
+        if any(not e.certain or e.effective is None for e in self.of("step")):
+            return None  # a step that may or may not happen: window boundaries unknown
         ref = [e.mb for e in self.effective_steps(opts[0])]
         for o in opts[1:]:
             if [e.mb for e in self.effective_steps(o)] != ref:
                 return None
-        return self.windows(opts[0])
+        if len(opts) == 1:
+            return self.windows(opts[0])
+        # several optimizers stepped together (GAN, prompt + model): a window ends at any of their steps, so each
+        # update owns the backwards since the previous one
+        out = []
+        start = 0
+        prev_mb = -1
+        for i, e in enumerate(self.events):
+            if e.kind == "step" and e.effective is True:
+                evs = self.events[start:i + 1]
+                bws = [x.mb for x in evs if x.kind == "backward"]
+                out.append(Window(e, evs, min(bws) if bws else prev_mb + 1, e.mb))
+                start = i + 1
+                prev_mb = e.mb
+        return out
 
     def lines_of(self, kind: str) -> list:
         return sorted({e.line for e in self.of(kind)})
@@ -390,8 +406,9 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
         if len(bws) < 2:
             continue
         first = w.events.index(bws[0])
+        multi = len(trace.optimizers()) > 1
         clears = [e for e in w.events[first + 1:] if e.kind == "zero_grad" and e.effective is True and e.certain
-                  and not (e.of == "optimizer" and e.opt not in trace.optimizers())]
+                  and not (e.of == "optimizer" and e.opt != w.step.opt) and not (multi and e.of != "optimizer")]
         if not clears:
             continue
         e = clears[-1]
@@ -552,6 +569,10 @@ def scaler_calls_per_step(trace: Trace) -> list:
     unscaled: dict = {}
     for e in trace.events:
         if not e.certain:
+            if e.kind in ("step", "unscale"):
+                stepped = True  # it may have run: no claim that nothing stepped
+            if e.kind == "update":
+                stepped, unscaled = False, {}
             continue
         if e.kind == "step" and e.via == "scaler":
             stepped = True

@@ -98,6 +98,10 @@ class _Abort(Exception):
     pass
 
 
+_RELEVANT = frozenset({
+    "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
+    "unscale_", "update", "scale", "no_sync", "no_backward_sync", "accumulate", "div_", "mul_",
+})
 _BUILTINS_NUM = {"len", "int", "min", "max", "abs", "round", "sum"}
 _NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data"}
 _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "numpy", "math",
@@ -162,6 +166,7 @@ class FileDryRun:
         self._codes: dict = {}
         self._defs: dict = {}
         self._nc: dict = {}
+        self._rel: dict = {}
         self._inside: dict = {}
         for loop in self.f:
             try:
@@ -183,6 +188,35 @@ class FileDryRun:
         v = self._codes.get(k)
         if v is None:
             v = self._codes[k] = code_of(node).strip()
+        return v
+
+    def relevant_branch(self, stmt, f) -> bool:
+        """Does either arm of an ``if`` hold something the trace records (a relevant call, a same-file function that
+        makes one, a loss division, ``continue`` / ``break`` / ``return``)? Only such conditions split the run
+        into configurations; the others are run as undecided (cheaper, same events)."""
+        k = id(stmt)
+        v = self._rel.get(k)
+        if v is None:
+            v = False
+            for n in _walk(stmt):
+                tp = type(n)
+                if tp in (cst.Continue, cst.Break, cst.Return, cst.Raise):
+                    v = True
+                elif tp is cst.Call:
+                    fn = n.func
+                    if isinstance(fn, cst.Attribute) and fn.attr.value in _RELEVANT:
+                        v = True
+                    elif isinstance(fn, cst.Name) and fn.value in f.c.module_funcs:
+                        v = True
+                    elif isinstance(fn, cst.Attribute) and isinstance(fn.value, cst.Name) and fn.value.value == "self":
+                        v = True
+                elif tp is cst.BinaryOperation and type(n.operator) is cst.Divide:
+                    v = True
+                elif tp is cst.AugAssign and type(n.operator) is cst.DivideAssign:
+                    v = True
+                if v:
+                    break
+            self._rel[k] = v
         return v
 
     def names_calls(self, expr) -> tuple:
@@ -322,6 +356,7 @@ class _Runner:
         self._stmt_node = None
         self._cur_block: list = []
         self.depth = 0
+        self.in_micro = 0
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -392,6 +427,15 @@ class _Runner:
             values = [None] * count
         if is_micro and len(values) < count:
             count = len(values)
+        if is_micro:
+            self.in_micro += 1
+        try:
+            return self._iterate(node, frame, chain, level, values, is_micro)
+        finally:
+            if is_micro:
+                self.in_micro -= 1
+
+    def _iterate(self, node, frame, chain, level, values, is_micro) -> Optional[str]:
         for k, bind in enumerate(values):
             if is_micro:
                 self.mb += 1
@@ -542,7 +586,7 @@ class _Runner:
         return None
 
     def _if(self, stmt, frame, chain, level) -> Optional[str]:
-        c = self.truth(stmt.test, frame, split=True)
+        c = self.truth(stmt.test, frame, split=self.dr.relevant_branch(stmt, self.f))
         line = 0
         if c is True:
             self.conds.append((line, stmt.test))
@@ -1250,6 +1294,10 @@ class _Runner:
             scale = None
         if scaled:
             self.scaled = True
+        if not self.in_micro:
+            # a backward outside the micro-batch loop (the non-accumulating arm of ``if N > 1: ... else: ...``):
+            # each one is a micro-batch of its own
+            self.mb += 1
         self.emit("backward", call, scale=scale, scaled=scaled, via=style)
         return UNK
 
