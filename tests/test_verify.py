@@ -101,8 +101,39 @@ def runs(tmp_path_factory):
         name, (script, args, diags, kw) = item
         return name, verify_script(str(script), args, diags, **{"timeout": 90, **kw})
 
+    folders = sorted({ROOT} | {script.parent for script, *_ in jobs.values()})
+    before = _folder_state(folders)
     with ThreadPoolExecutor(2) as ex:
-        return dict(ex.map(one, jobs.items())) | {"_tmp": tmp}
+        res = dict(ex.map(one, jobs.items()))
+    return res | {"_tmp": tmp, "_state": (folders, before, _folder_state(folders))}
+
+
+def _folder_state(folders) -> dict:
+    """The names in each folder, the content hash of each file in fixtures/verify (other areas' fixture folders
+    are edited by others while this runs: their names only) and `git status` of fixtures/verify."""
+    import hashlib
+    import subprocess
+
+    out = {}
+    for f in folders:
+        key = str(f.relative_to(ROOT)) if f != ROOT else "."
+        if f == V:
+            out[key] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+                        for p in sorted(f.iterdir())}
+        else:
+            out[key] = sorted(os.listdir(f))
+    out["git status"] = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", str(V)],
+                                       cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    return out
+
+
+def test_verify_of_the_fixtures_leaves_their_folders_unchanged(runs):
+    """ISSUE 15 part 1: ~25 --verify runs (Trainer, accelerate, DDP under torchrun, crashes, OOM) change no file
+    in the fixtures' folders and leave nothing (lightning_logs, runs/, trainer_output, wandb) in the working
+    directory."""
+    folders, before, after = runs["_state"]
+    assert len(folders) >= 3
+    assert after == before
 
 
 def ver(res, code, row=None):

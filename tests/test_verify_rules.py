@@ -46,45 +46,55 @@ def test_loss_factor_reads_the_division_between_criterion_and_backward():
     assert _loss_factor((x.sum() / 7).grad_fn, [])[0] is None
 
 
-def test_saved_tensor_accounting_counts_activations_and_releases_them():
+def test_tracker_counts_activations_and_gradients_and_frees():
     from bertlint.verify._memory import MemoryTracker
 
     m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
     t = MemoryTracker()
-    t.track_params(m.parameters())
     t.install()
     try:
+        t.track_params(m.parameters())
+        t.phase_begin("forward")
         out = m(torch.randn(32, 64)).sum()
-        alive = t.act_bytes
-        assert alive >= 32 * 64 * 4 + 32 * 256 * 4  # the input and the ReLU output at least; weights excluded
+        t.phase_begin("backward")  # the forward's live storages become activations
         cats = t.categories()
+        # the input (saved by the first Linear) and the ReLU output (saved by ReLU and the second Linear); the
+        # first Linear's output was freed inside the forward
+        assert cats["activations"] >= 32 * 64 * 4 + 32 * 256 * 4
         assert cats["parameters"] == sum(p.numel() * 4 for p in m.parameters()) and cats["gradients"] == 0
         out.backward()
-        assert t.act_bytes == 0
-        assert t.categories()["gradients"] == cats["parameters"]
+        del out
+        after = t.categories()
+        assert after["activations"] == 0  # the graph was freed by backward
+        assert after["gradients"] == cats["parameters"]
+        assert t.t.peak.total >= cats["parameters"] + cats["activations"]
     finally:
-        t._ctx.__exit__(None, None, None)
+        t.uninstall()
 
 
-def test_accounting_keeps_no_graph_alive_and_keeps_the_inplace_error():
+def test_tracker_keeps_no_graph_alive_and_keeps_the_inplace_error():
     from bertlint.verify._memory import MemoryTracker
 
     m = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
     t = MemoryTracker()
     t.install()
     try:
+        t.track_params(m.parameters())
+        t.phase_begin("eval")
         for _ in range(3):  # evaluation with grad on, nothing kept by the caller
             out = m(torch.randn(16, 8))
-        assert t.act_bytes == sum(x[1] for x in t.saved.values()) and len(t.saved) <= 3
+        t.phase_begin("idle")
+        one = t.activation_bytes()
+        assert 0 < one < 2 * (16 * 64 * 4 * 2 + 16 * 2 * 4 + 16 * 8 * 4)  # one forward's graph, not three
         del out
-        assert t.act_bytes == 0
+        assert t.activation_bytes() == 0
         y = torch.randn(3, requires_grad=True)
         z = y.exp()
         z.add_(1)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             z.sum().backward()
     finally:
-        t._ctx.__exit__(None, None, None)
+        t.uninstall()
 
 
 # ---- decisions ---------------------------------------------------------------------------------------------------

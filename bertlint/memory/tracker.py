@@ -9,6 +9,11 @@ Categories (resolved when the step is over, so a storage's role is known when it
 - ``activations``: the batch, and storages created in the forward that are still alive when it ends
   (saved for backward, or held by checkpointing);
 - ``temporaries``: everything else (transients of forward, backward and step; recomputed activations).
+
+``bertlint --verify`` runs the same tracker on the real tensors of the bounded run (``grad_aware``: only what a
+grad-enabled forward or evaluation creates can become ``activations``; ``tag`` marks each peak with the
+micro-batch and step; ``limit`` raises a simulated out-of-memory error; ``paused`` leaves the verifier's own
+bookkeeping out of the count).
 """
 
 from __future__ import annotations
@@ -34,10 +39,10 @@ def _make_mode_base():
 
 
 class _Snapshot:
-    __slots__ = ("total", "infos", "phase")
+    __slots__ = ("total", "infos", "phase", "tag")
 
-    def __init__(self, total: int, infos: tuple, phase: str) -> None:
-        self.total, self.infos, self.phase = total, infos, phase
+    def __init__(self, total: int, infos: tuple, phase: str, tag=None) -> None:
+        self.total, self.infos, self.phase, self.tag = total, infos, phase, tag
 
     def by_category(self) -> dict[str, int]:
         out = dict.fromkeys(CATEGORIES, 0)
@@ -71,6 +76,12 @@ def make_tracker(cuda_rounding: bool):
             self.peak: _Snapshot | None = None
             self.phase_peaks: dict[str, _Snapshot] = {}
             self._hooks: list = []
+            self._hooked: set = set()  # ids of parameters with a gradient hook
+            self.grad_aware = False  # verify: a forward under no_grad creates temporaries, not activations
+            self.tag = None  # copied into each peak snapshot (verify: micro-batch and optimizer step)
+            self.limit: int | None = None  # bytes; passing it raises torch.OutOfMemoryError once
+            self.paused = 0  # > 0: storages created now are not followed (the verifier's own bookkeeping)
+            self.allocations = 0
 
         # ---- sizes and registration
         def _size(self, st) -> int:
@@ -105,7 +116,13 @@ def make_tracker(cuda_rounding: bool):
             self._known[st] = (info, ref)
             self.live[id(info)] = info
             self.total += info.nbytes
+            self.allocations += 1
             self._note_peak()
+            if self.limit is not None and self.total > self.limit:
+                limit, self.limit = self.limit, None  # raise once
+                raise torch.OutOfMemoryError(
+                    f"simulated out of memory: {self.total} bytes of tensors alive passed the memory limit of "
+                    f"{limit} bytes (--memory-limit)")
 
         def category_of(self, t) -> str | None:
             entry = self._known.get(t.untyped_storage())
@@ -114,14 +131,14 @@ def make_tracker(cuda_rounding: bool):
         def _note_peak(self) -> None:
             pp = self.phase_peaks.get(self.phase)
             if pp is None or self.total > pp.total:
-                snap = _Snapshot(self.total, tuple(self.live.values()), self.phase)
+                snap = _Snapshot(self.total, tuple(self.live.values()), self.phase, self.tag)
                 self.phase_peaks[self.phase] = snap
                 if self.peak is None or self.total > self.peak.total:
                     self.peak = snap
 
         # ---- phases
         def set_phase(self, phase: str) -> None:
-            if self.phase == "forward" and phase != "forward":
+            if self.phase in ("forward", "eval") and phase != self.phase:
                 # what the forward leaves alive is what backward needs: activations
                 for info in self.live.values():
                     if info.cat == "fwd":
@@ -129,12 +146,20 @@ def make_tracker(cuda_rounding: bool):
             self.phase = phase
 
         def track_model(self, model) -> None:
-            for p in model.parameters():
-                self.register(p, "parameters", override=True)
-                if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+            self.track_parameters(model.parameters())
             for b in model.buffers():
                 self.register(b, "parameters", override=True)
+
+        def track_parameters(self, params) -> None:
+            for p in params:
+                if not isinstance(p, torch.Tensor):
+                    continue
+                self.register(p, "parameters", override=True)
+                if p.requires_grad and id(p) not in self._hooked and p.is_leaf:
+                    self._hooked.add(id(p))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+                if p.grad is not None:
+                    self.register(p.grad, "gradients", override=True)
 
         def _on_grad(self, p) -> None:
             if p.grad is not None:
@@ -150,11 +175,25 @@ def make_tracker(cuda_rounding: bool):
             for h in self._hooks:
                 h.remove()
             self._hooks.clear()
+            self._hooked.clear()
+
+        def live_by_category(self) -> dict[str, int]:
+            """Bytes alive now by category (provisional categories as they stand: "fwd" → activations after the
+            forward ended, else temporaries)."""
+            out = dict.fromkeys(CATEGORIES, 0)
+            for i in list(self.live.values()):
+                c = i.cat
+                out["activations" if c == "fwd" else _final(c)] += i.nbytes
+            return out
 
         # ---- dispatch
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            cat = {"forward": "fwd", "optimizer": "opt"}.get(self.phase, "bwd")
+            if self.paused:
+                return out
+            cat = {"forward": "fwd", "eval": "fwd", "optimizer": "opt"}.get(self.phase, "bwd")
+            if cat == "fwd" and self.grad_aware and not torch.is_grad_enabled():
+                cat = "bwd"
             flat, _ = tree_flatten(out)
             for t in flat:
                 if isinstance(t, torch.Tensor):

@@ -26,6 +26,7 @@ import torch
 from bertlint.verify._memory import MemoryTracker
 
 MAX_EVENTS = 20000
+_ACTIVE = None  # the process's Recorder (a forked worker inherits it)
 HARD_CAP_MICROBATCHES = 64
 EVAL_FORWARDS_WANTED = 5
 
@@ -95,10 +96,11 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module):
                 orig.exec_module(module)
-                try:
-                    cb(module)
-                except Exception as e:  # never break the user's import
-                    finder.on_error(name, e)
+                for f in (cb if isinstance(cb, list) else [cb]):
+                    try:
+                        f(module)
+                    except Exception as e:  # never break the user's import
+                        finder.on_error(name, e)
 
             def __getattr__(self, item):
                 return getattr(orig, item)
@@ -116,9 +118,14 @@ class Recorder:
         self.static_n = cfg.get("accumulation")
         self.want_eval = bool(cfg.get("want_eval"))
         self.watch_names = list(cfg.get("watch") or [])
-        self.deadline = time.monotonic() + float(cfg.get("timeout", 300.0))
-        self.rank = int(os.environ.get("RANK", "0") or 0)
-        self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        # wall-clock deadline shared by every process of the run (the parent's start + --verify-timeout)
+        self.deadline = float(cfg.get("deadline") or (time.time() + float(cfg.get("timeout", 300.0))))
+        self.rank = int(cfg.get("rank", os.environ.get("RANK", "0")) or 0)
+        self.world = int(cfg.get("world_size", os.environ.get("WORLD_SIZE", "1")) or 1)
+        self.role = cfg.get("role", "main")
+        self.writer = None  # callable(final: bool): writes the record (the runner sets it)
+        self._last_write = 0.0
+        self.sandbox = None
         self.main_thread = threading.get_ident()
         self._user_cache: dict = {}
         self._skip = [sysconfig.get_paths().get("purelib", "@@"), sysconfig.get_paths().get("stdlib", "@@"),
@@ -175,6 +182,7 @@ class Recorder:
         self.model_losses: dict[int, Any] = {}
         self._loss_nodes: list = []
         self.in_backward = 0
+        self._cur_bwd = None
         self._in_probe = False
         self._depth = 0
         self._via_accel = 0
@@ -193,6 +201,10 @@ class Recorder:
     # ---- helpers -----------------------------------------------------------------------------------------
     def _is_user(self, filename: str) -> bool:
         r = self._user_cache.get(filename)
+        if r is None and (not filename or filename.startswith("<") or not os.path.isabs(filename)
+                          and not os.path.exists(filename)):
+            r = False  # <frozen runpy>, <string>, <stdin>: never the user's code
+            self._user_cache[filename] = r
         if r is None:
             try:
                 real = os.path.realpath(filename)
@@ -253,7 +265,7 @@ class Recorder:
         return HARD_CAP_MICROBATCHES * max(1, (k + 1) // 2)
 
     def check_stop(self, where: str) -> None:
-        if time.monotonic() > self.deadline:
+        if time.time() > self.deadline:
             raise VerifyStop("timeout")
         if self.mb < self.bound():
             return
@@ -281,18 +293,75 @@ class Recorder:
                 s()
             except Exception as e:
                 self.patch_errors.append(f"{s.__name__}: {type(e).__name__}: {e}")
-        self.mem.install()
+        try:
+            self._patch_spawn()
+        except Exception as e:
+            self.patch_errors.append(f"_patch_spawn: {type(e).__name__}: {e}")
         cbs = {
-            "transformers.trainer": self._patch_trainer,
-            "accelerate.accelerator": self._patch_accelerate,
-            "accelerate.optimizer": self._patch_accelerate_optimizer,
-            "deepspeed.runtime.engine": self._patch_deepspeed,
+            "transformers.trainer": [self._patch_trainer],
+            "accelerate.accelerator": [self._patch_accelerate],
+            "accelerate.optimizer": [self._patch_accelerate_optimizer],
+            "deepspeed.runtime.engine": [self._patch_deepspeed],
         }
+        if self.sandbox is not None:
+            try:
+                self.sandbox.install_torch()
+            except Exception as e:
+                self.patch_errors.append(f"sandbox torch.save: {type(e).__name__}: {e}")
+            for name, cb in self.sandbox.callbacks().items():
+                cbs.setdefault(name, []).append(cb)
+        for name in list(cbs):  # already imported (the runner imported torch): patch now
+            mod = sys.modules.get(name)
+            if mod is not None:
+                for cb in cbs.pop(name):
+                    try:
+                        cb(mod)
+                    except Exception as e:
+                        self._patch_error(name, e)
         sys.meta_path.insert(0, _PostImportFinder(cbs, self._patch_error))
+        self.mem.install()
+
+    def _patch_spawn(self) -> None:
+        """Processes the script starts with torch.multiprocessing (spawn / start_processes) are instrumented too:
+        each worker installs its own recorder, is bounded by the same deadline and writes its own record."""
+        import importlib
+
+        import torch.multiprocessing as tmp
+
+        sp = importlib.import_module("torch.multiprocessing.spawn")  # the attribute is the function
+
+        rec = self
+        orig = sp.start_processes
+
+        @functools.wraps(orig)
+        def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+            from bertlint.verify import _runner
+
+            cfg = dict(rec.cfg, role="spawn", world_size=nprocs, spawned_by=os.getpid())
+            rec.counts["spawned_workers"] += nprocs
+            rec.mem.pause()
+            try:
+                _runner.ensure_importable_in_children()
+            finally:
+                rec.mem.resume()
+            return orig(functools.partial(_runner.spawned_worker, fn, cfg), args, nprocs, join, daemon, start_method)
+
+        sp.start_processes = start_processes
+        if getattr(tmp, "start_processes", None) is orig:
+            tmp.start_processes = start_processes
+
+    def reset_for_worker(self, cfg: dict) -> None:
+        """A forked worker inherits the parent's patched torch and this recorder: start its record afresh."""
+        sandbox = self.sandbox
+        self.mem.uninstall()
+        self.__init__(cfg)
+        self.sandbox = sandbox
+        self.mem.install()
 
     def safe(self, fn, *a, **kw):
         """Run a bookkeeping function; a bug in bertlint must never break the user's script."""
         t0 = time.perf_counter()
+        self.mem.pause()  # the verifier's own tensors (probes, checksums) are not the script's memory
         try:
             return fn(*a, **kw)
         except (VerifyStop, torch.OutOfMemoryError):
@@ -302,6 +371,7 @@ class Recorder:
                 self.patch_errors.append(f"{getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}")
             return None
         finally:
+            self.mem.resume()
             self.hook_s += time.perf_counter() - t0
 
     def _patch_error(self, name, e) -> None:
@@ -365,7 +435,7 @@ class Recorder:
         if train_fwd:
             self.check_stop("forward")
         elif not training:
-            if time.monotonic() > self.deadline:
+            if time.time() > self.deadline:
                 raise VerifyStop("timeout")
             if self.mb >= self.bound() and self.want_eval and self.eval_forwards >= EVAL_FORWARDS_WANTED:
                 raise VerifyStop("bound")
@@ -388,6 +458,7 @@ class Recorder:
         phase = "forward" if train_fwd else ("eval" if not training else "forward-nograd")
         if not training and not self._last_fwd_backpropagated and grad:
             self.eval_no_backward_run += 1
+        self.mem.set_tag(self.mb + 1, self.opt_steps)
         self.mem.phase_begin(phase)
         return (training, grad, inference, line, train_fwd, phase)
 
@@ -420,12 +491,14 @@ class Recorder:
             key = (tuple(line) if line else None, training, grad)
             if len(self._fwd_keys_since_bwd) < 64:
                 self._fwd_keys_since_bwd.append(key)
-        s = self.mem.phase_end(phase, self.mb, self.opt_steps)
+        # a training forward's phase lasts until its backward starts (the loss computed after the model's forward
+        # and what it saves are the forward's activations)
+        s = self.mem.phase_end(phase, self.mb, self.opt_steps, next_phase="forward" if train_fwd else "idle")
         if not training:
             self.eval_forwards += 1
             if grad and not inference:
                 self.eval_grad_forwards += 1
-            rec["saved_bytes_alive"] = s.get("activations")
+            rec["saved_bytes_alive"] = s.get("activations") if grad else 0
             self._scan_locals(self.user_frame_for(line), "eval")
 
     def _add_loss_node(self, node) -> None:
@@ -560,7 +633,7 @@ class Recorder:
             "ddp_sync": self._ddp_pending_sync,
             "in_no_sync": self._no_sync_depth > 0,
             "train_forwards": self.train_forwards_since_bwd,
-            "saved_bytes_alive": self.mem.act_bytes,
+            "saved_bytes_alive": self.mem.activation_bytes(),
         }
         if len(self.backwards) < 2000:
             self.backwards.append(rec)
@@ -576,10 +649,13 @@ class Recorder:
         self._last_fwd_backpropagated = True
         self.ev("backward", line=line)
         self.mem.sample("backward-start", self.mb, self.opt_steps, "backward")
+        self.mem.set_tag(self.mb + 1, self.opt_steps)
 
     def _after_backward(self) -> None:
         self.mb += 1
         self.mem.phase_end("backward", self.mb, self.opt_steps)
+        if self.mb <= 1 or time.time() - self._last_write > 1.0:
+            self.write_record()
         for oid in list(self.in_grad):
             self.in_grad[oid] += 1
         for oid in list(self.since_step):
@@ -668,6 +744,7 @@ class Recorder:
             self.zero_grads.append(e)
 
     def _opt_pre(self, opt, args, kwargs) -> None:
+        self.mem.set_tag(self.mb, self.opt_steps + 1)
         self.mem.phase_begin("optimizer")
         oid = id(opt)
         if oid not in self.since_step:
@@ -736,8 +813,10 @@ class Recorder:
         if len(self.hook_marks) < 10000:
             self.hook_marks.append(round(self.hook_s + self.mem.pack_s, 5))
         self.ev("optimizer_step", opt=type(opt).__name__, line=w.get("line") if w else None)
-        self.mem.update_opt_states()
+        self.mem.update_opt_states(opt)
         self.mem.phase_end("optimizer", self.mb, self.opt_steps)
+        if self.opt_steps <= 4 or time.time() - self._last_write > 0.5:
+            self.write_record()
 
     # ---- schedulers ----------------------------------------------------------------------------------------
     def _patch_scheduler(self) -> None:
@@ -1145,34 +1224,51 @@ class Recorder:
 
     def record_crash(self, exc: BaseException, oom: bool = False) -> None:
         tb = exc.__traceback__
-        user = None
         frames = traceback.extract_tb(tb) if tb is not None else []
-        for fr in frames:
-            if self._is_user(fr.filename):
-                user = [os.path.realpath(fr.filename), fr.lineno, fr.line]
+        user_frames = [[os.path.realpath(fr.filename), fr.lineno, fr.line, fr.name] for fr in frames
+                       if self._is_user(fr.filename)]
+        user = user_frames[-1][:3] if user_frames else None
         try:
-            snap = self.mem.sample("crash", self.mb, self.opt_steps, self.mem.phase or "crash")
+            snap = self.mem.sample("crash", self.mb, self.opt_steps, self.mem.phase or "idle")
         except BaseException:
             snap = None
+        message = str(exc)
+        if isinstance(exc, SystemExit):
+            message = f"exit status {exc.code}" if isinstance(exc.code, int) or exc.code is None else str(exc.code)
         self.crash = {
             "type": type(exc).__name__,
-            "message": str(exc)[:2000],
+            "message": message[:2000],
             "user_frame": user,
+            "user_frames": user_frames[-6:],
             "oom": oom,
-            "phase": self.mem.phase,
+            "phase": self.mem.phase or "idle",
             "memory": snap,
-            "traceback": "".join(traceback.format_exception(type(exc), exc, tb))[-6000:],
+            "traceback": _user_traceback(exc, self._is_user)[-6000:],
         }
         self.status = "crashed"
+
+    def write_record(self, final: bool = False) -> None:
+        """The record so far (written incrementally: a run killed at the timeout keeps what it saw)."""
+        if self.writer is None:
+            return
+        self._last_write = time.time()
+        self.mem.pause()
+        try:
+            self.writer(final)
+        except Exception as e:
+            if len(self.patch_errors) < 50:
+                self.patch_errors.append(f"write_record: {type(e).__name__}: {e}")
+        finally:
+            self.mem.resume()
 
     def to_json(self) -> dict:
         try:
             self.mem.nvml_info()
         except Exception:
             pass
-        if self.opt_steps >= 1:
-            self.mem.sample_other_cpu("end of run")
         return {
+            "role": self.role,
+            "pid": os.getpid(),
             "rank": self.rank,
             "world_size": self.world,
             "script": self.script,
@@ -1213,11 +1309,23 @@ class Recorder:
             "locals_graph": self.locals_graph,
             "events": self.events[:3000],
             "crash": self.crash,
-            "patch_errors": self.patch_errors,
+            "patch_errors": self.patch_errors + (self.sandbox.errors if self.sandbox is not None else []),
+            "redirected": self.sandbox.to_json() if self.sandbox is not None else [],
             "memory": self.mem.summary(),
             "cuda": torch.cuda.is_available(),
             "versions": {"torch": torch.__version__},
         }
+
+
+def _user_traceback(exc: BaseException, is_user) -> str:
+    """The traceback of the script's error with only the script's own frames (no runpy, no bertlint, no
+    library internals), and the exception line."""
+    tb = exc.__traceback__
+    frames = [fr for fr in (traceback.extract_tb(tb) if tb is not None else []) if is_user(fr.filename)]
+    out = ["Traceback (most recent call last, the script's frames):\n"] if frames else []
+    out += traceback.format_list(frames[-5:])
+    out += traceback.format_exception_only(type(exc), exc)
+    return "".join(out)
 
 
 class _CountingCM:

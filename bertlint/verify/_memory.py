@@ -1,52 +1,27 @@
-"""Memory accounting for the verifier child process (imports torch; only ever loaded inside the child).
+"""Memory accounting for the verifier's child process (imports torch; only ever loaded inside the child).
 
-Categories: parameters, gradients, optimizer states (tensor accounting over the optimizers and models the run
-created), activations (bytes saved for backward, alive now: a global ``saved_tensors_hooks`` pair that wraps each
-saved tensor in a small object whose finaliser gives the bytes back), other (CUDA: allocated minus the four
-categories; CPU: live Python-visible tensors outside the categories, sampled at a few step boundaries).
+One tracker for ``bertlint memory`` and ``--verify``: ``bertlint.memory.tracker``'s dispatch-mode tracker follows
+every storage allocation and free of the bounded run (on the real tensors here, on fake tensors in the
+simulation). The peak is the true peak of live tensor bytes (not a sample at a phase boundary), with the phase
+and the micro-batch it happened in and the categories alive at that moment: parameters, gradients, optimizer
+states, activations (what a grad-enabled forward created that is still alive: saved for backward, outputs
+holding the graph), temporaries (everything else: transients, the batch, tensors the script keeps).
+
+On CUDA the allocator's own figures are read as well: ``torch.cuda.max_memory_allocated`` per phase, a memory
+snapshot (``torch.cuda.memory._record_memory_history``) and NVML (device total, other processes, the CUDA
+context).
 """
 
 from __future__ import annotations
 
-import gc
 import os
+import threading
 import time
-import weakref
 from typing import Any, Optional
 
 import torch
 
-
-def _storage_key(t) -> Optional[tuple]:
-    try:
-        s = t.untyped_storage()
-        return (s.data_ptr(), t.device.type, t.device.index), s.nbytes()
-    except Exception:
-        return None
-
-
-class _Saved:
-    __slots__ = ("t", "key", "tracker", "v", "__weakref__")
-
-    def __init__(self, t, key, tracker):
-        self.t = t
-        self.key = key
-        self.tracker = tracker
-        self.v = t._version
-
-    def __del__(self):
-        tr = self.tracker
-        if tr is None:
-            return
-        try:
-            ent = tr.saved.get(self.key)
-            if ent is not None:
-                ent[0] -= 1
-                if ent[0] <= 0:
-                    tr.act_bytes -= ent[1]
-                    del tr.saved[self.key]
-        except Exception:
-            pass
+from bertlint.memory.tracker import CATEGORIES, make_tracker
 
 
 def _rss() -> Optional[int]:
@@ -58,248 +33,167 @@ def _rss() -> Optional[int]:
 
 
 class MemoryTracker:
+    """The verifier's view of the shared tracker: phases, samples at phase boundaries, the peak, growth."""
+
     def __init__(self, limit: Optional[int] = None, max_samples: int = 4000) -> None:
         self.cuda = torch.cuda.is_available()
         self.device = "cuda" if self.cuda else "cpu"
-        self.saved: dict = {}
-        self.act_bytes = 0
-        self.param_keys: set = set()
-        self.params: list = []  # weakrefs to parameters
-        self._param_ids: set = set()
-        self.optimizers: list = []  # weakrefs
-        self.opt_state_bytes = 0
-        self.static_bytes = 0
+        self.t = make_tracker(cuda_rounding=False)
+        self.t.grad_aware = True
+        self.t.limit = limit
         self.limit = limit
         self.samples: list[dict] = []
         self.max_samples = max_samples
         self.t0 = time.monotonic()
-        self.phase_peaks: dict[str, dict] = {}
-        self.phase: Optional[str] = None
-        self.other_sampled: list[dict] = []
-        self.enabled = True
-        self._ctx = None
-        self._packs = 0
-        self.pack_s = 0.0
+        self.phase: Optional[str] = "setup"
+        self.cuda_phase_peaks: dict[str, int] = {}
         self.nvml: dict[str, Any] = {}
+        self.installed = False
+        self.pack_s = 0.0  # kept for the record's shape (time in the tracker is not separated from the script's)
+        self._opts: list = []
+        self.cuda_snapshot_path: Optional[str] = None
+        self._thread = threading.get_ident()
+        self._dis = None
 
-    # ---- saved tensors (activations) ---------------------------------------------------------------------
+    # ---- install / pause ---------------------------------------------------------------------------------
     def install(self) -> None:
-        try:
-            self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-            self._ctx.__enter__()
-        except Exception:
-            self._ctx = None
+        self._thread = threading.get_ident()
+        self.t.set_phase("setup")
+        self.t.__enter__()
+        self.installed = True
+        if self.cuda:
+            try:
+                torch.cuda.memory._record_memory_history(max_entries=100000)
+            except Exception:
+                pass
 
-    def _pack(self, t):
-        if not self.enabled:
-            return t
-        t0 = time.perf_counter()
-        try:
-            return self._pack_inner(t)
-        finally:
-            self.pack_s += time.perf_counter() - t0
+    def uninstall(self) -> None:
+        while self.t.paused and self._dis is not None:
+            self.resume()
+        if self.installed:
+            try:
+                self.t.__exit__(None, None, None)
+            except Exception:
+                pass
+            self.installed = False
 
-    def _pack_inner(self, t):
-        ks = _storage_key(t)
-        if ks is None:
-            return t
-        key, nb = ks
-        if key in self.param_keys:
-            return t
-        ent = self.saved.get(key)
-        if ent is None:
-            self.saved[key] = [1, nb]
-            self.act_bytes += nb
+    def pause(self) -> None:
+        """Leave the verifier's own bookkeeping out: the mode is taken off the stack (inside it, even
+        ``.item()`` of a wrapped number fails), nested calls counted. Only on the thread that installed it."""
+        if threading.get_ident() != self._thread:
+            return
+        if self.t.paused == 0 and self.installed:
+            try:
+                from torch.utils._python_dispatch import _disable_current_modes
+
+                self._dis = _disable_current_modes()
+                self._dis.__enter__()
+            except Exception:
+                self._dis = None
+        self.t.paused += 1
+
+    def resume(self) -> None:
+        if threading.get_ident() != self._thread or self.t.paused <= 0:
+            return
+        self.t.paused -= 1
+        if self.t.paused == 0 and self._dis is not None:
+            dis, self._dis = self._dis, None
+            dis.__exit__(None, None, None)
+
+    @property
+    def enabled(self) -> bool:
+        return not self.t.paused
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        if on:
+            self.resume()
         else:
-            ent[0] += 1
-        self._packs += 1
-        if self.limit and (self._packs & 15) == 0 and self.act_bytes + self.static_bytes > self.limit:
-            self.limit_hit()
-        # detach(): same storage and version counter, no grad_fn, so a saved *output* does not form a cycle
-        # (tensor -> grad_fn -> saved hook object -> tensor) that would keep every graph alive
-        return _Saved(t.detach(), key, self)  # noqa: the version counter is shared with t
-
-    @staticmethod
-    def _unpack(obj):
-        if not isinstance(obj, _Saved):
-            return obj
-        t = obj.t
-        if t._version != obj.v:
-            # torch skips its own in-place check when saved-tensor hooks are installed: keep the error the
-            # script would raise without the verifier
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {obj.v} instead."
-            )
-        return t
-
-    def limit_hit(self) -> None:
-        limit = self.limit
-        self.limit = None  # raise once
-        raise torch.OutOfMemoryError(
-            f"simulated out of memory: the accounted training memory passed the --verify-memory-limit of "
-            f"{limit} bytes"
-        )
+            self.pause()
 
     # ---- tracked objects -----------------------------------------------------------------------------
     def track_params(self, params) -> None:
-        for p in params:
-            if not isinstance(p, torch.Tensor) or id(p) in self._param_ids:
-                continue
-            self._param_ids.add(id(p))
-            self.params.append(weakref.ref(p))
-            ks = _storage_key(p)
-            if ks is not None:
-                self.param_keys.add(ks[0])
+        self.pause()
+        try:
+            self.t.track_parameters(params)
+        finally:
+            self.resume()
 
     def track_optimizer(self, opt) -> None:
-        self.optimizers.append(weakref.ref(opt))
         try:
             self.track_params(p for g in opt.param_groups for p in g["params"])
         except Exception:
             pass
 
-    def _live_params(self):
-        out = []
-        for r in self.params:
-            p = r()
-            if p is not None:
-                out.append(p)
-        return out
+    def update_opt_states(self, opt=None) -> None:
+        self.pause()
+        try:
+            if opt is not None:
+                self.t.mark_optimizer_states(opt)
+        finally:
+            self.resume()
+
+    def activation_bytes(self) -> int:
+        return self.t.live_by_category()["activations"]
 
     def categories(self) -> dict:
-        seen = set()
-        pbytes = 0
-        gbytes = 0
-        gseen = set()
-        params = self._live_params()
-        for p in params:
-            ks = _storage_key(p)
-            if ks and ks[0] not in seen:
-                seen.add(ks[0])
-                pbytes += ks[1]
-            g = p.grad
-            if g is not None:
-                ks = _storage_key(g)
-                if ks and ks[0] not in gseen:
-                    gseen.add(ks[0])
-                    gbytes += ks[1]
-        self.param_keys |= seen
-        return {
-            "parameters": pbytes,
-            "gradients": gbytes,
-            "optimizer_states": self.opt_state_bytes,
-            "activations": max(self.act_bytes, 0),
-        }
+        return self.t.live_by_category()
 
-    def update_opt_states(self) -> None:
-        total = 0
-        seen = set()
-        for r in self.optimizers:
-            opt = r()
-            if opt is None:
-                continue
-            try:
-                for st in opt.state.values():
-                    for v in st.values():
-                        if isinstance(v, torch.Tensor):
-                            ks = _storage_key(v)
-                            if ks and ks[0] not in seen:
-                                seen.add(ks[0])
-                                total += ks[1]
-            except Exception:
-                pass
-        self.opt_state_bytes = total
-
-    # ---- sampling ------------------------------------------------------------------------------------
-    def sample(self, event: str, mb: int, step: int, phase: Optional[str] = None) -> dict:
-        cats = self.categories()
-        s = {"t": round(time.monotonic() - self.t0, 4), "event": event, "microbatch": mb, "step": step,
-             "phase": phase or self.phase or "idle", **cats}
-        acc = sum(cats.values())
-        if self.cuda:
-            try:
-                alloc = torch.cuda.memory_allocated()
-                s["allocated"] = alloc
-                s["reserved"] = torch.cuda.memory_reserved()
-                s["other"] = max(alloc - acc, 0)
-                s["total"] = alloc
-            except Exception:
-                s["other"] = None
-                s["total"] = acc
-        else:
-            s["other"] = None
-            s["total"] = acc
-            s["rss"] = _rss()
-        self.static_bytes = cats["parameters"] + cats["gradients"] + cats["optimizer_states"]
-        if len(self.samples) < self.max_samples:
-            self.samples.append(s)
-        ph = s["phase"]
-        if ph in ("forward", "backward", "optimizer", "eval"):
-            best = self.phase_peaks.get(ph)
-            if best is None or s["total"] > best["total"]:
-                self.phase_peaks[ph] = dict(s)
-        if self.limit and acc > self.limit:
-            self.limit_hit()
-        return s
+    # ---- phases and samples -----------------------------------------------------------------------------
+    def set_tag(self, mb: int, step: int) -> None:
+        self.t.tag = (mb, step)
 
     def phase_begin(self, phase: str) -> None:
         self.phase = phase
+        self.t.set_phase(phase)
         if self.cuda:
             try:
                 torch.cuda.reset_peak_memory_stats()
             except Exception:
                 pass
 
-    def phase_end(self, phase: str, mb: int, step: int) -> None:
+    def sample(self, event: str, mb: int, step: int, phase: Optional[str] = None) -> dict:
+        cats = self.t.live_by_category()
+        s = {"t": round(time.monotonic() - self.t0, 4), "event": event, "microbatch": mb, "step": step,
+             "phase": phase or self.phase or "idle", **cats, "total": self.t.total}
+        if self.cuda:
+            try:
+                s["allocated"] = torch.cuda.memory_allocated()
+                s["reserved"] = torch.cuda.memory_reserved()
+            except Exception:
+                pass
+        else:
+            s["rss"] = _rss()
+        if len(self.samples) < self.max_samples:
+            self.samples.append(s)
+        return s
+
+    def phase_end(self, phase: str, mb: int, step: int, next_phase: str = "idle") -> dict:
         s = self.sample(phase + "-end", mb, step, phase)
         if self.cuda:
             try:
-                peak = torch.cuda.max_memory_allocated()
-                best = self.phase_peaks.get(phase)
-                if best is not None and peak > best.get("cuda_peak", 0):
-                    best["cuda_peak"] = peak
-                    best["total"] = max(best["total"], peak)
-                    acc = sum(best[k] for k in ("parameters", "gradients", "optimizer_states", "activations"))
-                    best["other"] = max(peak - acc, 0)
+                peak = int(torch.cuda.max_memory_allocated())
+                if peak > self.cuda_phase_peaks.get(phase, 0):
+                    self.cuda_phase_peaks[phase] = peak
             except Exception:
                 pass
-        self.phase = None
+        if next_phase is not None:
+            self.phase = next_phase
+            self.t.set_phase(next_phase)
         return s
 
-    def sample_other_cpu(self, label: str) -> Optional[int]:
-        """Live Python-visible tensors outside the categories (CPU; costly, so only at a few points)."""
-        if self.cuda:
+    # ---- CUDA ----------------------------------------------------------------------------------------
+    def cuda_snapshot(self, path: str) -> Optional[str]:
+        if not self.cuda:
             return None
         try:
-            known = set(self.param_keys)
-            for p in self._live_params():
-                if p.grad is not None:
-                    ks = _storage_key(p.grad)
-                    if ks:
-                        known.add(ks[0])
-            known |= set(self.saved)
-            for r in self.optimizers:
-                opt = r()
-                if opt is None:
-                    continue
-                for st in opt.state.values():
-                    for v in st.values():
-                        if isinstance(v, torch.Tensor):
-                            ks = _storage_key(v)
-                            if ks:
-                                known.add(ks[0])
-            other = 0
-            seen = set()
-            T = torch.Tensor
-            for o in gc.get_objects():
-                if issubclass(type(o), T):
-                    ks = _storage_key(o)
-                    if ks and ks[0] not in known and ks[0] not in seen and ks[0][1] == "cpu":
-                        seen.add(ks[0])
-                        other += ks[1]
-            self.other_sampled.append({"at": label, "bytes": other})
-            return other
+            import pickle
+
+            snap = torch.cuda.memory._snapshot()
+            with open(path, "wb") as f:
+                pickle.dump(snap, f)
+            self.cuda_snapshot_path = path
+            return path
         except Exception:
             return None
 
@@ -344,12 +238,34 @@ class MemoryTracker:
         self.nvml = info
         return info
 
+    # ---- results -------------------------------------------------------------------------------------
+    def _snap(self, snap) -> Optional[dict]:
+        if snap is None:
+            return None
+        tag = snap.tag or (None, None)
+        return {"total": snap.total, "phase": snap.phase, "microbatch": tag[0], "step": tag[1],
+                **snap.by_category()}
+
     def summary(self) -> dict:
-        return {
+        t = self.t
+        out = {
             "device": self.device,
+            "method": "dispatch-mode tracker (bertlint.memory.tracker): every storage allocation and free",
             "samples": self.samples,
-            "phase_peaks": self.phase_peaks,
-            "other_sampled": self.other_sampled,
+            "peak": self._snap(t.peak),
+            "phase_peaks": {ph: self._snap(s) for ph, s in t.phase_peaks.items()},
+            "allocations": t.allocations,
+            "live_now": t.total,
             "nvml": self.nvml,
-            "cuda_max_allocated": (torch.cuda.max_memory_allocated() if self.cuda else None),
         }
+        if self.cuda:
+            try:
+                out["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated())
+            except Exception:
+                pass
+            out["cuda_phase_peaks"] = self.cuda_phase_peaks
+            out["cuda_snapshot"] = self.cuda_snapshot_path
+        return out
+
+
+__all__ = ["CATEGORIES", "MemoryTracker"]

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from bertlint.verify._rules import Run, _short, fl, mib
 
-CATS = ("parameters", "gradients", "optimizer_states", "activations", "other")
+CATS = ("parameters", "gradients", "optimizer_states", "activations", "temporaries")
 
 
 def memory_report(run: Run) -> dict:
@@ -17,31 +17,37 @@ def memory_report(run: Run) -> dict:
     device = mem.get("device", "cpu")
     phases = {}
     for ph, s in (mem.get("phase_peaks") or {}).items():
-        phases[ph] = {c: s.get(c) for c in CATS} | {"total": s.get("total"), "microbatch": s.get("microbatch"),
-                                                    "step": s.get("step")}
+        if s:
+            phases[ph] = {c: s.get(c) for c in CATS} | {"total": s.get("total"), "microbatch": s.get("microbatch"),
+                                                        "step": s.get("step")}
     per_step = []
     for s in samples:
         if s.get("event") == "optimizer-end":
             per_step.append({c: s.get(c) for c in CATS} | {"step": s.get("step"), "total": s.get("total")})
     growth = _growth(samples, per_step)
-    peak_phase = max(phases, key=lambda p: phases[p]["total"] or 0) if phases else None
+    peak = mem.get("peak") or {}
     out: dict[str, Any] = {
         "device": device,
-        "method": ("torch.cuda allocator statistics (per-phase peaks) + tensor accounting + NVML" if device == "cuda"
-                   else "tensor accounting: parameters/gradients/optimizer states of the run's models and optimizers, "
-                        "activations = bytes saved for backward alive; temporaries are not seen on CPU"),
+        "method": mem.get("method") or "tensor accounting",
         "phases": phases,
-        "peak_phase": peak_phase,
-        "peak_bytes": phases[peak_phase]["total"] if peak_phase else None,
+        "peak_phase": peak.get("phase"),
+        "peak_bytes": peak.get("total"),
+        "peak_microbatch": peak.get("microbatch"),
+        "peak_step": peak.get("step"),
+        "peak_by_category": {c: peak.get(c) for c in CATS} if peak else {},
+        "allocations": mem.get("allocations"),
         "per_step": per_step,
         "growth": growth,
-        "other_sampled_cpu": mem.get("other_sampled"),
         "nvml": mem.get("nvml") or {},
     }
+    if device == "cuda":
+        cp = mem.get("cuda_phase_peaks") or {}
+        out["cuda"] = {"max_memory_allocated": max([v for v in cp.values() if v] + [mem.get("cuda_max_allocated") or 0]),
+                       "phase_peaks": cp, "snapshot": mem.get("cuda_snapshot")}
     crash = run.crash or {}
     if crash.get("oom"):
         at = crash.get("memory") or (samples[-1] if samples else {})
-        out["oom"] = {"phase": crash.get("phase"), "message": _short(crash.get("message"), 300),
+        out["oom"] = {"phase": crash.get("phase") or "idle", "message": _short(crash.get("message"), 300),
                       "user_frame": crash.get("user_frame"), "at_failure": {c: at.get(c) for c in CATS},
                       "levers": levers(at, run)}
     return out
@@ -56,10 +62,10 @@ def _growth(samples: list, per_step: list) -> dict:
         unit = "micro-batch"
     res: dict[str, Any] = {"unit": unit, "samples": len(pts)}
     if len(pts) < 3:
-        res["verdict"] = "too few samples to measure growth"
+        res["verdict"] = "too few steps to measure growth (--verify-steps 5 shows it)"
         return res
     leaks = {}
-    for c in ("gradients", "optimizer_states", "activations", "total"):
+    for c in ("gradients", "optimizer_states", "activations", "temporaries", "total"):
         vals = [(x, s.get(c)) for x, s in pts if isinstance(s.get(c), (int, float))]
         if len(vals) < 3:
             continue
@@ -74,8 +80,9 @@ def _growth(samples: list, per_step: list) -> dict:
             leaks[c] = {"bytes_per_unit": slope, "from": ys[0], "to": ys[-1]}
     res["growing"] = leaks
     plural = unit + "es" if unit.endswith("h") else unit + "s"
-    res["verdict"] = ("memory grows every " + unit + ": " + ", ".join(
-        f"{c} +{mib(v['bytes_per_unit'])}/{unit}" for c, v in leaks.items())) if leaks else f"no growth across {len(pts)} {plural}"
+    res["verdict"] = ("live tensors grow every " + unit + ": " + ", ".join(
+        f"{c} +{mib(v['bytes_per_unit'])}/{unit}" for c, v in leaks.items())) if leaks else (
+        f"no growth of live tensors across {len(pts)} {plural}")
     return res
 
 
@@ -106,7 +113,8 @@ def levers(at: dict, run: Run) -> list[dict]:
     return out
 
 
-def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, wall: float) -> str:
+def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, wall: float, redirected=(),
+                timeout=None) -> str:
     r = run.r
     lines = []
     base = os.path.basename(script)
@@ -118,12 +126,15 @@ def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, w
         return head + f"torch could not be imported in the child: {_short((run.crash or {}).get('message'))}"
     stop = {"bound": f"stopped at the bound of {r.get('bound')} micro-batches",
             "bound-no-eval": f"stopped at the bound of {r.get('microbatches')} micro-batches (no evaluation reached)",
-            "timeout": "stopped by the --verify-timeout"}.get(r.get("stop_reason") or "", str(status))
+            "timeout": "stopped by the --verify-timeout" + (f" ({timeout:g} s)" if timeout else ""),
+            "terminated": "stopped by a signal"}.get(r.get("stop_reason") or "", str(status))
     if status == "completed":
         stop = "the script finished"
     if status == "crashed":
         stop = "the script crashed"
     ranks = f", {len(run.records)} ranks" if len(run.records) > 1 else ""
+    if any(x.get("role") == "spawn" for x in run.records):
+        ranks += " (workers started by the script, each instrumented)"
     lines.append(f"{head}{run.mb} micro-batches (backward calls), {run.steps} optimizer steps; {stop}; "
                  f"{wall:.1f} s, device {mem.get('device')}{ranks}")
     c = r.get("counts") or {}
@@ -163,22 +174,30 @@ def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, w
         lines.append(f"  crash: {cr.get('type')}: {_short(cr.get('message'), 200)} at {fl(cr.get('user_frame'))}"
                      + (f" `{cr['user_frame'][2]}`" if cr.get("user_frame") and len(cr["user_frame"]) > 2 and cr["user_frame"][2] else ""))
     # memory
-    lines.append(f"  memory ({mem.get('device')}, {'CUDA allocator + accounting' if mem.get('device') == 'cuda' else 'tensor accounting'}):"
-                 + (f" peak {mib(mem.get('peak_bytes'))} in {mem.get('peak_phase')}" if mem.get("peak_phase") else " no samples"))
+    if mem.get("peak_bytes") is not None:
+        at = (f" (micro-batch {mem.get('peak_microbatch')}, step {mem.get('peak_step')})"
+              if mem.get("peak_microbatch") is not None else "")
+        lines.append(f"  memory ({mem.get('device')}, every tensor allocation and free): peak {mib(mem['peak_bytes'])}"
+                     f" in {mem.get('peak_phase')}{at}: " + ", ".join(
+                         f"{k.replace('_', ' ')} {mib(v)}" for k, v in (mem.get("peak_by_category") or {}).items()
+                         if v))
+    else:
+        lines.append(f"  memory ({mem.get('device')}): no tensors observed")
     if mem.get("phases"):
-        lines.append("    phase       total        params       grads        optim        activations  other")
+        lines.append("    phase peak  total        params       grads        optim        activations  temporaries")
         for ph in ("forward", "backward", "optimizer", "eval"):
             p = mem["phases"].get(ph)
             if not p:
                 continue
             vals = [mib(p.get(k)) if p.get(k) is not None else "n/a" for k in ("total",) + CATS]
             lines.append("    " + f"{ph:<11} " + " ".join(f"{v:<12}" for v in vals))
+    cu = mem.get("cuda") or {}
+    if cu.get("max_memory_allocated"):
+        lines.append(f"    torch.cuda.max_memory_allocated: {mib(cu['max_memory_allocated'])}"
+                     + (f"; memory snapshot {cu['snapshot']}" if cu.get("snapshot") else ""))
     if mem.get("per_step"):
-        lines.append("    after each optimizer step: " + ", ".join(
+        lines.append("    live tensors after each optimizer step: " + ", ".join(
             f"step {s.get('step')} {mib(s.get('total'))}" for s in mem["per_step"][:6]))
-    if mem.get("other_sampled_cpu"):
-        o = mem["other_sampled_cpu"][-1]
-        lines.append(f"    other (CPU, live tensors outside the categories, sampled {o['at']}): {mib(o['bytes'])}")
     nv = mem.get("nvml") or {}
     if nv and "error" not in nv:
         lines.append(f"    NVML: device {mib(nv.get('device_used'))} used of {mib(nv.get('device_total'))}; this process "
@@ -191,6 +210,11 @@ def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, w
             f"{k} {mib(v)}" for k, v in (o.get("at_failure") or {}).items() if v is not None))
         for i, lv in enumerate(o.get("levers") or [], 1):
             lines.append(f"    {i}. {lv['lever']}: saves ≈ {lv['saves']}" + (f" ({lv['note']})" if lv.get("note") else ""))
+    if redirected:
+        lines.append("  side effects redirected to a temporary folder (removed after the run): " + "; ".join(
+            f"{e['what']} {e['path']!r}" + (f" ×{e['count']}" if e.get("count", 1) > 1 else "")
+            + (" (not sent)" if e.get("to") == "not sent" else "") for e in redirected[:8])
+            + (f"; … {len(redirected) - 8} more" if len(redirected) > 8 else ""))
     if verifs:
         lines.append("  verification:")
         for code, row, st, ev in verifs:
@@ -202,6 +226,50 @@ def report_text(run: Run, mem: dict, verifs: list, runtime: list, script: str, w
     if r.get("patch_errors"):
         lines.append(f"  instrumentation notes: {'; '.join(r['patch_errors'][:3])}")
     return "\n".join(lines)
+
+
+def script_error_text(run: Run, log_tail: str, outcome: str) -> str:
+    """The script's own error output: its traceback (the script's frames only) or, for an exit with a status (an
+    argparse error), the last lines it printed."""
+    if outcome not in ("crashed", "out-of-memory", "no-training", "timeout"):
+        return ""
+    cr = run.crash or {}
+    out = []
+    tail = [x for x in (log_tail or "").strip().splitlines() if x.strip()]
+    if cr and cr.get("type") not in ("SystemExit",) and cr.get("traceback"):
+        out.append("  the script's error:")
+        out += ["    " + x for x in cr["traceback"].rstrip().splitlines()[-14:]]
+    elif tail and (cr or outcome != "timeout"):
+        out.append("  the script's output (last lines):")
+        out += ["    " + x for x in tail[-10:]]
+    return "\n".join(out)
+
+
+def outcome_line(res, run: Run, timeout=None) -> str:
+    """The verify run's own outcome and the exit status bertlint returns for it."""
+    o = res.outcome
+    n = len(res.diagnostics)
+    code = res.exit_code
+    cr = run.crash or {}
+    seen = f"{run.mb} micro-batches, {run.steps} optimizer steps observed"
+    if o == "verified":
+        what = f"verified ({seen}); " + (f"{n} finding{'s' if n != 1 else ''}" if n else "nothing found")
+    elif o == "crashed":
+        where = fl(cr.get("user_frame")) if cr.get("user_frame") else None
+        what = (f"the script failed ({cr.get('type')}: {_short(cr.get('message'), 120)}"
+                + (f" at {where}" if where else "") + f") after {seen}")
+    elif o == "out-of-memory":
+        what = f"the script ran out of memory in {cr.get('phase') or 'idle'} after {seen}"
+    elif o == "timeout":
+        what = f"stopped by --verify-timeout" + (f" ({timeout:g} s)" if timeout else "") + f" after {seen}"
+    elif o == "no-training":
+        what = ("no training step was reached: " + ("the script finished without a backward call"
+                                                     if run.r.get("status") == "completed" else _short(str(run.r.get("stop_reason") or run.r.get("status")))))
+    else:
+        what = "the script could not be run"
+    if o != "verified":
+        what += "; the verification is incomplete"
+    return f"  outcome: {what} (exit status {code})"
 
 
 def write_report_dir(report_dir: str, data: dict, run: Run) -> list[str]:
