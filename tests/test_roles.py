@@ -401,3 +401,38 @@ def test_callback_and_dataset_families():
     """)
     assert r.class_family(t.classes["CB"]) == "callback"
     assert r.class_family(t.classes["DS"]) == "dataset"
+
+
+def test_handed_to_a_scheduler_or_fabric_setup():
+    t, r = _roles("""
+        import torch
+        from transformers import get_scheduler
+        from lightning import Fabric
+        from myproj import build
+        def main(model):
+            opt = build(model)
+            sched = get_scheduler("linear", opt, num_warmup_steps=0, num_training_steps=10)
+            fabric = Fabric()
+            thing = build(model)
+            model, thing = fabric.setup(model, thing)
+    """)
+    main = _fn(t, "main")
+    assert r.role("opt", main) == "optimizer" and r.of("opt", main).confident
+    assert r.role("sched", main) == "scheduler"
+    assert r.role("thing", main) == "optimizer"
+
+
+def test_latest_rebinding_wins_a_tie_and_factories_by_import():
+    t, r = _roles("""
+        from diffusers import UNet2DConditionModel
+        from diffusers.training_utils import EMAModel
+        from optimizer import build_optimizer
+        def main(cfg, model):
+            ema_unet = UNet2DConditionModel.from_pretrained("x")
+            ema_unet = EMAModel(ema_unet.parameters())
+            optimizer = build_optimizer(cfg, model)
+    """)
+    main = _fn(t, "main")
+    assert r.role("ema_unet", main) == "other"
+    o = r.of("optimizer", main)
+    assert o.role == "optimizer" and o.confident and o.evidence[0].kind == "import"

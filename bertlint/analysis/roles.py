@@ -24,6 +24,8 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
     r.is_("opt_g", "optimizer", func)      # bool; confident=True to ignore name-only roles
     r.all("optimizer")                     # [(scope, path, Role)]: every binding with that role
     r.call_role(call, func)                # Role of the value a Call produces (``Foo.from_pretrained(...)``)
+    # "model" | "ddp_model" | "deepspeed_engine" | "lightning_module" are all models (a wrapped model is still
+    # one): ``x.backward(loss)`` on any of them is an engine-style backward, whatever the precise role says.
     r.is_forward(call, func)               # True: a graph-recording forward (model(...), self(...) in a Module,
                                            # self.forward(...)); False: known not (a pipeline, a tokenizer); None
     r.class_family(classdef)               # "trainer" | "lightning_module" | "module" | "optimizer" |
@@ -251,7 +253,7 @@ _NAME_HINTS = (
 _NOT_A_THING = re.compile(r"^(is|use|save|load|no|skip|with|has|num|n|do|init|train|freeze|should|enable|disable|"
                           r"print|log|get|make|build|create|setup|wrap|unwrap|cast)_|"
                           r"_(path|name|names|dir|file|config|cfg|args|kwargs|type|class|cls|params|parameters|info|"
-                          r"id|card|init|state|dict|fn|func|kw|list|str|size|dtype|device|output|outputs|inputs|"
+                          r"id|card|init|state|dict|fn|func|kw|list|str|size|dtype|device|out|output|outputs|inputs|"
                           r"grouped_parameters|groups|steps|step|freq|every|interval|lr|name_or_path)$", re.I)
 
 
@@ -375,7 +377,10 @@ def classify_qualname(q: str) -> Optional[tuple[str, Optional[str]]]:
                 return ("other", None)
             return ("model", None)
         return None
-    # a project's own or an unknown package: the module path says what it builds
+    # a project's own or an unknown package: the module path / the factory's name says what it builds
+    if not upper and re.match(r"^(create|build|make|get|init|setup|configure)_\w*optimi[sz]er$", last) and \
+            "sched" not in last:
+        return ("optimizer", "import")
     if upper and (".optim" in mod or "optimizer" in mod.lower()) and "sched" not in mod.lower():
         if not _SCHED_CLASS.search(last):
             return ("optimizer", "import")
@@ -924,6 +929,25 @@ class Roles:
             k = self._arg_key(a0 if a0 is not None else kwarg(call, "module"), func)
             if k:
                 self._ev(k, "usage", "model", f"wrapped in `{last}(...)`", call)
+        # handed to a scheduler constructor: the optimizer it schedules
+        c = classify_qualname(q) if q else None
+        if c is not None and c[0] == "scheduler" and c[1] != "import":
+            opt_arg = kwarg(call, "optimizer")
+            if opt_arg is None:
+                opt_arg = positional(call, 1 if last == "get_scheduler" else 0)
+            k = self._arg_key(opt_arg, func)
+            if k:
+                self._ev(k, "usage", "optimizer", f"handed to `{name}(...)`", call)
+        # fabric.setup(model, *optimizers)
+        if last == "setup" and recv and len(call.args) >= 2:
+            rkey = (self._sid_for(recv, func), recv)
+            for i, a in enumerate(call.args):
+                if a.keyword is not None or a.star:
+                    continue
+                k = self._arg_key(a.value, func)
+                if k:
+                    self._usage.setdefault(k, []).append(
+                        _Lazy("model" if i == 0 else "optimizer", f"`{name}(...)` position {i}", call, rkey, "fabric"))
         if last == "accumulate" and recv:
             for a in call.args:
                 k = self._arg_key(a.value, func)
@@ -961,7 +985,9 @@ class Roles:
     def _key_evidence(self, key: tuple, depth: int) -> list:
         sid, path = key
         ev: list = []
-        for b in self._bind.get(key, []):
+        # the latest binding first: on a tie between two constructors (``ema = Unet(...)`` then
+        # ``ema = EMAModel(ema.parameters())``) the value the later code sees wins
+        for b in sorted(self._bind.get(key, []), key=lambda b: -b.seq):
             ev.extend(self._binding_evidence(b, path, depth))
         for e in self._usage.get(key, []):
             if isinstance(e, _Lazy):
