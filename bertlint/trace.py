@@ -525,6 +525,46 @@ def first_window_complete(trace: Trace) -> list:
     return [Violation("BL107", first.step, msg, {"first": len(first.backwards), "n": trace.n})]
 
 
+def epoch_tail(trace: Trace) -> list:
+    """BL107 (tail): the epoch's last, partial window is stepped (or carried on with its scale) — not discarded by a
+    ``zero_grad`` at the next epoch's start, and not silently added to the next epoch's first window."""
+    wins = trace.window_structure()
+    if not wins or trace.n is None or trace.n <= 1:
+        return []
+    ev = trace.events
+    if any(not e.certain for e in ev if e.kind in ("backward", "zero_grad")):
+        return []
+    steps = [i for i, e in enumerate(ev) if e.kind == "step" and e.effective is True and e.epoch == 0]
+    later = [e for e in ev if e.kind == "backward" and e.epoch >= 1]
+    if not steps or not later:
+        return []
+    last = steps[-1]
+    tail = [e for e in ev[last + 1:] if e.kind == "backward" and e.epoch == 0]
+    if not tail or len(tail) >= trace.n:
+        return []
+    first_step = ev[last]
+    nxt = next((i for i in range(last + 1, len(ev)) if ev[i].kind == "step" and ev[i].effective is True), None)
+    if nxt is None:
+        return []
+    span = ev[last + 1:nxt]
+    tail_end = ev.index(tail[-1])
+    zeros = [e for e in ev[tail_end + 1:nxt] if e.kind == "zero_grad" and e.effective is True
+             and (e.of != "optimizer" or e.opt == first_step.opt)]
+    k = len(tail)
+    mbs = f"micro-batch{'es' if k > 1 else ''} {tail[0].mb + 1}" + (f"–{tail[-1].mb + 1}" if k > 1 else "")
+    if zeros:
+        z = zeros[0]
+        msg = (f"{mbs} (the last {k} of epoch 1, after its last step at micro-batch {first_step.mb + 1}): "
+               f"backward ×{k}, then `{z.name}` at the start of epoch 2 before any step → the partial window's "
+               f"gradients are discarded (when the loader's length is not a multiple of {trace.n_text})")
+        return [Violation("BL107", first_step, msg, {"tail": k, "kind": "dropped"}, [z])]
+    bws = [e for e in span if e.kind == "backward"]
+    msg = (f"{mbs} (the last {k} of epoch 1) are not stepped: the first update of epoch 2 sums backward ×{len(bws)} "
+           f"({k} from epoch 1 + {len(bws) - k}) instead of {trace.n_text} (when the loader's length is not a "
+           f"multiple of {trace.n_text})")
+    return [Violation("BL107", first_step, msg, {"tail": k, "kind": "leaked"})]
+
+
 def clip_once_per_step(trace: Trace) -> list:
     """BL112: one clip per update, after the window's last backward (clipping each micro-batch clips partial sums)."""
     wins = trace.window_structure()
@@ -600,6 +640,10 @@ def scaler_calls_per_step(trace: Trace) -> list:
             unscaled = {}
     return _first_unique(out)
 
+
+# Not run by the linter (whether an epoch has a tail depends on the dataset's length; the static pass stays
+# silent), but available to ``explain`` and to the verifier, which sees the real length.
+EXTRA_INVARIANTS: dict = {"BL107-tail": epoch_tail}
 
 INVARIANTS: dict = {
     "BL101": steps_delayed,

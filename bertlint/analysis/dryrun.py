@@ -46,7 +46,7 @@ from bertlint import trace as T
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 
 REPRESENTATIVE_N = 4
-MAX_SPLITS = 3
+MAX_SPLITS = 4
 BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
 
 
@@ -102,6 +102,7 @@ _RELEVANT = frozenset({
     "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
     "unscale_", "update", "scale", "no_sync", "no_backward_sync", "accumulate", "div_", "mul_",
 })
+_PURE = frozenset({"len", "isinstance", "hasattr", "getattr", "int", "str", "bool", "float", "callable", "type"})
 _BUILTINS_NUM = {"len", "int", "min", "max", "abs", "round", "sum"}
 _NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data"}
 _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "numpy", "math",
@@ -218,6 +219,10 @@ class FileDryRun:
                     break
             self._rel[k] = v
         return v
+
+    def pure_calls(self, expr) -> bool:
+        """Every call in the expression is a builtin without side effects (``len(cfg.gpus)``)."""
+        return all(isinstance(n.func, cst.Name) and n.func.value in _PURE for n in _walk(expr) if type(n) is cst.Call)
 
     def names_calls(self, expr) -> tuple:
         k = id(expr)
@@ -604,10 +609,12 @@ class _Runner:
                 return self._block(_body(stmt.orelse.body), frame, chain, level)
             finally:
                 self.conds.pop()
-        # undecidable and varying: both arms, uncertain; their terminators are assumed not taken
+        # undecidable and varying: both arms, uncertain; their terminators are assumed not taken, and a value
+        # either arm changes is unknown afterwards (unless both leave the same loss scale)
         saved = self.certain
         self.certain = False
         self.conds.append((line, stmt.test))
+        before_l, before_s = dict(frame.locals), dict(self.shared)
         try:
             self._block(_body(stmt.body), frame, chain, level)
             if stmt.orelse is not None:
@@ -618,6 +625,8 @@ class _Runner:
         finally:
             self.certain = saved
             self.conds.pop()
+            _merge(frame.locals, before_l)
+            _merge(self.shared, before_s)
         return None
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
@@ -844,7 +853,7 @@ class _Runner:
         """No name the loop (or a helper it runs) assigns, no call: the condition is the same on every
         micro-batch."""
         names, has_call = self.dr.names_calls(expr)
-        if has_call:
+        if has_call and not self.dr.pure_calls(expr):
             return False
         for n in names:
             if n in self.loop_names or n.split(".")[0] in self.loop_names:
@@ -1143,8 +1152,8 @@ class _Runner:
             if nm in _BUILTINS_NUM:
                 if nm == "len" and argv:
                     a0 = call.args[0].value
-                    ld = getattr(self, "_loader", None)
-                    if ld is not None and self.dr.code(a0) == self.dr.code(ld):
+                    ld = self._loader
+                    if ld is not None and self.dr.code(a0) in _loader_texts(ld, self.dr):
                         return Num(self.length)
                     return Num(None)
                 if nm == "int" and argv and isinstance(argv[0], Num):
@@ -1336,6 +1345,29 @@ def _scaler_enabled(f) -> bool:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+def _merge(now: dict, before: dict) -> None:
+    """After an undecided branch: what it changed is unknown (a loss keeps its scale only if it is unchanged)."""
+    for k, v in list(now.items()):
+        old = before.get(k, _MISSING)
+        if v is old:
+            continue
+        if isinstance(v, Tensor) and isinstance(old, Tensor) and v.scale == old.scale:
+            continue
+        now[k] = Tensor(None, True) if isinstance(v, Tensor) or isinstance(old, Tensor) else UNK
+
+
+_MISSING = object()
+
+
+def _loader_texts(ld, dr) -> set:
+    """``tqdm(train_loader, ...)`` also stands for ``train_loader`` (``len(train_loader)``)."""
+    out = {dr.code(ld)}
+    while isinstance(ld, cst.Call) and ld.args:
+        ld = ld.args[0].value
+        out.add(dr.code(ld))
+    return out
+
+
 def _times(scale: Optional[T.Scale], f: T.Factor) -> Optional[T.Scale]:
     if scale is None:
         return None
@@ -1398,10 +1430,17 @@ def _cond_key(expr) -> tuple[str, bool]:
         ct = expr.comparisons[0]
         if isinstance(ct.comparator, cst.Name) and ct.comparator.value == "None":
             if isinstance(ct.operator, cst.Is):
-                return code_of(expr.left).strip(), not pol
+                return _norm(code_of(expr.left)), not pol
             if isinstance(ct.operator, cst.IsNot):
-                return code_of(expr.left).strip(), pol
-    return code_of(expr).strip(), pol
+                return _norm(code_of(expr.left)), pol
+    return _norm(code_of(expr)), pol
+
+
+def _norm(text: str) -> str:
+    t = " ".join(text.split())
+    if t.startswith("(") and t.endswith(")"):
+        t = t[1:-1].strip()
+    return t
 
 
 def _body(suite) -> list:
