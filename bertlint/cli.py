@@ -642,15 +642,37 @@ def _settings_for(o: Options, path: str, cache: dict):
 def _work(task):
     from bertlint.api import FileResult, check_file
 
-    path, settings, fix, unsafe, write = task
+    path, settings, fix, unsafe, write = task[:5]
+    record = len(task) > 5 and task[5]
+    if not record:
+        try:
+            return check_file(path, settings, fix=fix, unsafe=unsafe, write=write)
+        except Exception as e:  # never a traceback: the file is reported as not checked, the others go on
+            if os.environ.get("BERTLINT_DEBUG"):
+                raise
+            r = FileResult(path)
+            r.warnings.append(f"{path}: internal error, file not checked: {type(e).__name__}: {e} (please report it)")
+            return r
+    # for the cache: what the lint read besides the file, and whether a rule crashed (then nothing is cached)
+    from bertlint import cache, engine
+
+    crashed: list = []
+    previous = engine.on_internal_error
+
+    def on_error(code, filename, exc, _prev=previous):
+        crashed.append(code)
+        _prev(code, filename, exc)
+
+    engine.on_internal_error = on_error
+    cache.start_recording()
     try:
-        return check_file(path, settings, fix=fix, unsafe=unsafe, write=write)
-    except Exception as e:  # never a traceback: the file is reported as not checked, the others go on
-        if os.environ.get("BERTLINT_DEBUG"):
-            raise
-        r = FileResult(path)
-        r.warnings.append(f"{path}: internal error, file not checked: {type(e).__name__}: {e} (please report it)")
-        return r
+        r = _work(task[:5])
+    finally:
+        deps = cache.stop_recording(path)
+        engine.on_internal_error = previous
+    r.deps = deps  # type: ignore[attr-defined]
+    r.cacheable = not crashed and not any("internal error" in w for w in r.warnings)  # type: ignore[attr-defined]
+    return r
 
 
 def _unknown_selector(o: Options) -> Optional[str]:
@@ -734,11 +756,7 @@ def run(o: Options) -> int:
     import time
 
     t0 = time.perf_counter()
-    jobs = o.jobs if o.jobs is not None else (os.cpu_count() or 1)
-    if len(file_tasks) >= PARALLEL_MIN_FILES and jobs > 1:
-        results.extend(_parallel(file_tasks, jobs))
-    else:
-        results.extend(_work(t) for t in file_tasks)
+    results.extend(_lint_files(o, file_tasks))
     stdin_out: Optional[str] = None
     if stdin_task is not None:
         name, settings = stdin_task
@@ -760,6 +778,96 @@ def run(o: Options) -> int:
         with stream:
             return _report(o, results, stdin_out, stream)
     return _report(o, results, stdin_out)
+
+
+def _cache_root(o: Options) -> Optional[str]:
+    if o.no_cache or o.verify:
+        return None
+    from bertlint.cache import CACHE_DIR, disabled_by_env
+
+    if disabled_by_env():
+        return None
+    return o.cache_dir or os.environ.get("BERTLINT_CACHE_DIR") or CACHE_DIR
+
+
+def _lint_files(o: Options, file_tasks: list) -> list:
+    """Lint the files (in worker processes when there are many), answering unchanged ones from the cache."""
+    jobs = o.jobs if o.jobs is not None else (os.cpu_count() or 1)
+    root = _cache_root(o)
+    if root is None:
+        if len(file_tasks) >= PARALLEL_MIN_FILES and jobs > 1:
+            return _parallel(file_tasks, jobs)
+        return [_work(t) for t in file_tasks]
+    from bertlint.cache import Cache
+
+    cache = Cache(root)
+    slots: list = [None] * len(file_tasks)
+    todo: list = []  # (slot, task, key)
+    for i, t in enumerate(file_tasks):
+        hit, key = _from_cache(cache, t)
+        if hit is not None:
+            slots[i] = hit
+        else:
+            todo.append((i, t, key))
+    tasks = [(*t[:5], key is not None) for _, t, key in todo]
+    if len(tasks) >= PARALLEL_MIN_FILES and jobs > 1:
+        done = _parallel(tasks, jobs)
+    else:
+        done = [_work(t) for t in tasks]
+    for (i, t, key), r in zip(todo, done):
+        slots[i] = r
+        if key is not None and getattr(r, "cacheable", False) and r.fixed_text is None:
+            cache.put(t[0], key, r.diagnostics, r.warnings, getattr(r, "deps", []))
+    cache.save()
+    if o.verbose:
+        sys.stderr.write(f"bertlint: cache {os.path.abspath(root)}: {cache.hits} hit{'s' if cache.hits != 1 else ''}, "
+                         f"{cache.misses} miss{'es' if cache.misses != 1 else ''}\n")
+    return slots
+
+
+_PREFILTER_BYTES = None
+
+
+def _from_cache(cache, task):
+    """(cached FileResult or None, key or None: None = do not cache this file)."""
+    global _PREFILTER_BYTES
+    from bertlint.api import FileResult
+    from bertlint.sources import kind_of
+
+    path, settings, fixing, unsafe = task[0], task[1], task[2], task[3]
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None, None
+    if kind_of(path) in ("python", "other"):
+        if _PREFILTER_BYTES is None:
+            from bertlint.engine import _PREFILTER
+
+            _PREFILTER_BYTES = re.compile(_PREFILTER.pattern.encode())
+        if not _PREFILTER_BYTES.search(data):
+            return None, None  # not parsed at all: linting it is cheaper than a lookup
+    key = cache.key(path, data, settings.for_file(path))
+    entry = cache.get(path, key)
+    if entry is None:
+        return None, key
+    from bertlint.cache import diag_from_obj
+
+    diags = [diag_from_obj(x, path) for x in entry["diags"]]
+    if fixing:
+        from bertlint.fixes import wanted
+
+        if any(wanted(d, unsafe) for d in diags):
+            return None, None  # something to fix: the normal path (the entry stays for the next lint)
+    r = FileResult(path, diagnostics=diags, warnings=list(entry.get("warnings", ())))
+    if diags:  # the reporters show the source lines (and map notebook cells)
+        try:
+            from bertlint.api import read_source
+
+            r.source, r.encoding = read_source(path, data)
+        except Exception:
+            pass
+    return r, key
 
 
 def _add_noqa(o: Options, results: list) -> int:
@@ -869,9 +977,9 @@ def _report(o: Options, results: list, stdin_out: Optional[str], stream=None) ->
         res = _verify(o, diags)
         if isinstance(res, int):
             return res
-        diags, report_text = res
+        diags, report_text, verify_exit = res
     else:
-        report_text = None
+        report_text = verify_exit = None
 
     if o.diff:
         text = "".join(diffs)
@@ -918,11 +1026,14 @@ def _report(o: Options, results: list, stdin_out: Optional[str], stream=None) ->
         if o.output_format in ("full", "concise"):
             if report_text:
                 out.write(report_text if report_text.endswith("\n") else report_text + "\n")
-            if not o.quiet:
+            # a verify run that failed or verified nothing says so in its outcome line, never "All checks passed!"
+            if not o.quiet and not (verify_exit == 3 and not diags):
                 out.write(reporters.summary(diags, fixed=fixed, unsafe=o.unsafe_fixes, color=color))
     out.flush()
     if o.exit_zero:
         return 0
+    if verify_exit == 3:  # --verify: the script failed or nothing could be verified (README "Verifier")
+        return 3
     if o.exit_non_zero_on_fix and fixed:
         return 1
     return 1 if diags else 0
@@ -952,4 +1063,5 @@ def _verify(o: Options, diags: list):
     )
     from bertlint.types import Diagnostic
 
-    return sorted(result.diagnostics, key=Diagnostic.sort_key), getattr(result, "report_text", None)
+    return (sorted(result.diagnostics, key=Diagnostic.sort_key), getattr(result, "report_text", None),
+            getattr(result, "exit_code", None))
