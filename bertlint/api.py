@@ -91,13 +91,17 @@ def fix_text(text: str, filename: str, settings: Optional[Settings] = None, *, u
     failed: list[tuple[Diagnostic, str]] = []
     seen: set = set()
     diags = lint_text(text, filename, settings)
-    for _ in range(rounds):
+    converged = True
+    for n in range(rounds + 1):
         if not any(fixes.wanted(d, unsafe) for d in diags):
             break
         if nb:
             r = fixes.apply_notebook_fixes(text, diags, unsafe=unsafe)
         else:
             r = fixes.apply_fixes(text, diags, unsafe=unsafe, parses=parses)
+        if n == rounds:  # a fix would still apply after the last round (ruff: "failed to converge")
+            converged = not r.applied
+            break
         for d, why in r.failed:
             key = (d.code, d.cell, d.start, d.message)
             if key not in seen:
@@ -108,7 +112,16 @@ def fix_text(text: str, filename: str, settings: Optional[Settings] = None, *, u
         applied.extend(r.applied)
         text = r.text
         diags = lint_text(text, filename, settings)
-    return text, applied, failed, diags
+    out = _Fixed((text, applied, failed, diags))
+    out.converged = converged
+    return out
+
+
+class _Fixed(tuple):
+    """``fix_text``'s (text, applied, failed, remaining); ``.converged`` is False when fixes were still left after
+    the last round (each round re-lints the fixed text: a fix can expose another finding)."""
+
+    converged: bool = True
 
 
 def _config_parse_error(filename: str):
@@ -191,7 +204,10 @@ def _check_text(res: FileResult, path, text, enc, name, settings, fix, unsafe, w
     if not fix:
         res.diagnostics = lint_text(text, name, settings)
         return res
-    new, applied, failed, remaining = fix_text(text, name, settings, unsafe=unsafe)
+    fixed = fix_text(text, name, settings, unsafe=unsafe)
+    new, applied, failed, remaining = fixed
+    if not getattr(fixed, "converged", True):
+        res.warnings.append(f"{name}: the fixes did not reach a fixed point in 10 rounds; the file is fixed as far as it got")
     res.diagnostics = remaining
     res.applied = applied
     res.failed = failed

@@ -428,3 +428,56 @@ def test_shell_completion(tmp_path, capsys):
         first, second = r.stdout.splitlines()
         assert first.split() == ["--output-format", "--output-file"]
         assert "BL101" in second.split() and "BL201" not in second.split()
+
+
+# ------------------------------------------------------------------------------------ 8. --fix fixed point
+
+
+def _chain_a(ctx) -> None:  # old_api() -> mid_api(): the fix exposes BL995's finding
+    for c in _calls(ctx, "old_api"):
+        ctx.report(c, "old_api() is gone", fix=ctx.fix("Use mid_api()", [ctx.edit_replace(c.func, "mid_api")]))
+
+
+def _chain_b(ctx) -> None:  # mid_api() -> new_api()
+    for c in _calls(ctx, "mid_api"):
+        ctx.report(c, "mid_api() is going", fix=ctx.fix("Use new_api()", [ctx.edit_replace(c.func, "new_api")]))
+
+
+def _grow(ctx) -> None:  # never converges: every fix adds another finding
+    for c in _calls(ctx, "grow")[:1]:
+        ctx.report(c, "grow", fix=ctx.fix("grow", [ctx.edit_replace(c, "grow() or grow")]))
+
+
+@pytest.fixture
+def chain_rules():
+    registry.rule("BL996", "demo-chain-a", Severity.WARNING, "chain a", fix=Applicability.SAFE)(_chain_a)
+    registry.rule("BL995", "demo-chain-b", Severity.WARNING, "chain b", fix=Applicability.SAFE)(_chain_b)
+    registry.rule("BL994", "demo-grow", Severity.WARNING, "grows", fix=Applicability.SAFE)(_grow)
+    yield
+    for c in ("BL996", "BL995", "BL994"):
+        registry._RULES.pop(c, None)
+
+
+def test_fix_reaches_a_fixed_point(tmp_path, capsys, chain_rules):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\nold_api()\n")
+    rc, out, err = run(capsys, "--select", "BL996,BL995", "--no-cache", "--diff", str(p))
+    assert "+new_api()" in out and "mid_api" not in out  # the diff shows where --fix ends
+    rc, out, err = run(capsys, "--select", "BL996,BL995", "--no-cache", "--fix", str(p))
+    assert rc == 0 and p.read_text() == "import torch\nnew_api()\n"
+    assert "Found 2 problems (2 fixed, 0 remaining)." in out
+    before = p.read_text()
+    run(capsys, "--select", "BL996,BL995", "--no-cache", "--fix", str(p))
+    assert p.read_text() == before  # a second --fix changes nothing
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps(_nb(("markdown", "m"), ("code", "import torch\nold_api()\n"))))
+    run(capsys, "--select", "BL996,BL995", "--no-cache", "--fix", str(nb))
+    assert json.loads(nb.read_text())["cells"][1]["source"] == ["import torch\n", "new_api()\n"]
+
+
+def test_fix_that_never_converges_is_bounded_and_said(tmp_path, capsys, chain_rules):
+    p = tmp_path / "a.py"
+    p.write_text("import torch\ngrow()\n")
+    rc, out, err = run(capsys, "--select", "BL994", "--no-cache", "--fix", str(p))
+    assert "did not reach a fixed point in 10 rounds" in err
+    assert p.read_text().count(" or grow") == 10  # ten rounds applied, then it stopped

@@ -717,3 +717,69 @@ async def test_real_editor_capabilities(tmp_path, editor):
         formats = caps.text_document.hover.content_format if caps.text_document and caps.text_document.hover else None
         want = types.MarkupKind.Markdown if not formats or types.MarkupKind.Markdown in formats else types.MarkupKind.PlainText
         assert hover.contents.kind == want and "BL101" in hover.contents.value
+
+
+CHAIN_SERVER = textwrap.dedent(
+    '''\
+    import sys
+
+    import libcst as cst
+
+    from bertlint.registry import rule
+    from bertlint.types import Applicability, Severity
+
+
+    class _Calls(cst.CSTVisitor):
+        def __init__(self):
+            self.calls = []
+
+        def visit_Call(self, node):
+            self.calls.append(node)
+
+
+    def _calls(ctx, name):
+        v = _Calls()
+        ctx.module.visit(v)
+        return [c for c in v.calls if ctx.module.code_for_node(c.func) == name]
+
+
+    @rule("BL995", "test-chain-a", Severity.INFO, "old_api() (test only)", fix=Applicability.SAFE)
+    def chain_a(ctx):
+        for c in _calls(ctx, "old_api"):
+            ctx.report(c, "old_api", fix=ctx.fix("use mid_api()", [ctx.edit_replace(c.func, "mid_api")]))
+
+
+    @rule("BL994", "test-chain-b", Severity.INFO, "mid_api() (test only)", fix=Applicability.SAFE)
+    def chain_b(ctx):
+        for c in _calls(ctx, "mid_api"):
+            ctx.report(c, "mid_api", fix=ctx.fix("use new_api()", [ctx.edit_replace(c.func, "new_api")]))
+
+
+    from bertlint.lsp import main
+
+    sys.exit(main(sys.argv[1:]))
+    '''
+)
+
+
+async def test_fix_all_reaches_a_fixed_point(tmp_path):
+    """A fix that exposes another fixable finding: the fix-all action re-lints and re-applies until nothing
+    changes, as `bertlint --fix` does, so one action leaves nothing for the next."""
+    server = tmp_path / "server_with_chained_fixes.py"
+    server.write_text(CHAIN_SERVER)
+    src = "import torch\n\nold_api()\nx = 1\n"
+    path = tmp_path / "train.py"
+    async with session(tmp_path, server=[sys.executable, str(server)]) as client:
+        uri = open_doc(client, path, src)
+        diags = await wait_for(client, uri, lambda ds: "BL995" in codes(ds))
+        assert "BL994" not in codes(diags)
+        whole = types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0))
+        actions = await code_actions(client, uri, whole, only=["source.fixAll"])
+        assert [a.kind for a in actions] == ["source.fixAll.bertlint"]
+        after = apply_edits(src, actions[0].edit.changes[uri])
+        assert after == "import torch\n\nnew_api()\nx = 1\n"
+        assert [d.code for d in actions[0].diagnostics] == ["BL995"]  # the published finding it fixes
+        change_doc(client, uri, after, 2)
+        await wait_for(client, uri, lambda ds: len(ds) == 0)
+        again = await code_actions(client, uri, whole, only=["source.fixAll"])
+        assert again == []  # nothing left to fix

@@ -51,6 +51,22 @@ def apply_fixes(text: str, diagnostics: list[Diagnostic], *, unsafe: bool = Fals
     return api.apply_fixes(text, diagnostics, unsafe=unsafe)
 
 
+FIX_ROUNDS = 10
+
+
+def fix_all(text: str, diagnostics: list[Diagnostic], filename: str, settings: Any = None, *, unsafe: bool = False):
+    """The fix-all action's text: the fixes of ``diagnostics`` (the published ones), then lint and fix again until
+    nothing changes (at most ``FIX_ROUNDS`` rounds, as ``bertlint --fix``). Returns ``(text, applied)``: the fixed
+    text and the published diagnostics whose fixes the first round applied."""
+    from bertlint import api
+
+    first = api.apply_fixes(text, diagnostics, unsafe=unsafe)
+    if not first.applied:
+        return text, []
+    fixed = api.fix_text(first.text, filename, settings, unsafe=unsafe, rounds=FIX_ROUNDS - 1)
+    return fixed[0], first.applied
+
+
 # ---------------------------------------------------------------------------------------------------
 # ``# noqa: CODE`` suppression edits.
 

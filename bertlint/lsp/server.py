@@ -151,6 +151,8 @@ class Linted:
     fixable: bool = True  # False where edits cannot be mapped (a notebook read as JSON)
     notebook_uri: Optional[str] = None
     comments: bool = True  # the language has `#` comments the engine reads for `# noqa` (not JSON)
+    fix_all: Optional[tuple[str, list[Diagnostic]]] = None  # the fix-all text of this version, once computed
+    filename: Optional[str] = None  # the name it was linted as (picks the reader and the configuration)
 
     @functools.cached_property
     def lines(self) -> list[str]:
@@ -388,6 +390,7 @@ class BertlintServer(LanguageServer):
                 text,
                 [(d, self.to_lsp(d, lines)) for d in outcome.diagnostics],
                 comments=not filename.endswith(".json"),
+                filename=filename,
             )
         self.results[uri] = res
         self.text_document_publish_diagnostics(
@@ -540,8 +543,8 @@ class BertlintServer(LanguageServer):
         if res.fixable and res.notebook_uri is None and wanted(FIX_ALL_KIND):
             fixable = [d for d, _ in res.items if d.fix is not None and d.fix.applicability is Applicability.SAFE]
             if fixable:
-                outcome = convert.apply_fixes(res.text, [d for d, _ in res.items], unsafe=False)
-                block = convert.changed_block(res.text, outcome.text)
+                fixed_text, applied = self.fix_all(res)
+                block = convert.changed_block(res.text, fixed_text)
                 if block is not None:
                     first, end, new = block
                     rng = types.Range(
@@ -552,11 +555,24 @@ class BertlintServer(LanguageServer):
                         types.CodeAction(
                             title="Fix all safe bertlint problems",
                             kind=FIX_ALL_KIND,
-                            diagnostics=[ld for d, ld in res.items if d in outcome.applied],
+                            diagnostics=[ld for d, ld in res.items if d in applied],
                             edit=types.WorkspaceEdit(changes={uri: [types.TextEdit(range=rng, new_text=new)]}),
                         )
                     )
         return actions
+
+    def fix_all(self, res: Linted) -> tuple[str, list[Diagnostic]]:
+        """Every safe fix, re-linted and re-applied until nothing changes (as ``bertlint --fix``); computed once
+        per document version (editors ask for code actions at every cursor move)."""
+        if res.fix_all is None:
+            path = self.fs_path(res.uri)
+            filename = res.filename or path or os.path.join(os.path.dirname(self.settings_path(None)), "untitled.py")
+            try:
+                settings = convert.load_settings(self.settings_path(path))
+            except Exception:
+                settings = None
+            res.fix_all = convert.fix_all(res.text, [d for d, _ in res.items], filename, settings)
+        return res.fix_all
 
     def hover(self, res: Linted, pos: types.Position) -> Optional[types.Hover]:
         hits = [(d, ld) for d, ld in res.items if _pos_key(ld.range.start) <= _pos_key(pos) <= _pos_key(ld.range.end)]
