@@ -92,7 +92,7 @@ def test_accelerator_kwargs_from_dict_literal():
 def test_unset_accelerator_setting_and_environment():
     t, r = _r(SCRIPT)
     f = _fact(r, "plain.gradient_accumulation_steps")
-    assert f.value is UNKNOWN and "not passed" in f.source
+    assert f.value is UNKNOWN and "not passed" in f.source and f.kind == "unset"
     e = _fact(r, "env_acc.gradient_accumulation_steps")
     assert e.value == 3 and e.kind == "environment" and not e.definite
 
@@ -187,3 +187,23 @@ def test_source_line_via_describe():
     ctx = FileContext("x.py", src, cst.parse_module(src), None)
     f = ctx.resolver.fact(cst.parse_expression("args.grad_accum"))
     assert f.describe(ctx) == "argparse default of --grad-accum (line 3)"
+
+
+def test_plain_config_class_attributes():
+    t, r = _r("""
+        class CFG:
+            GRAD_ACCUM = 4
+            CLIP_GRAD = True
+            lr = 0.1
+        lr = 1e-3
+        cfg = CFG()
+        class Trainer:
+            accum = 2
+            def step(self):
+                return self.accum
+    """)
+    assert _fact(r, "CFG.GRAD_ACCUM").value == 4
+    assert _fact(r, "cfg.CLIP_GRAD").value is True
+    assert "CFG.CLIP_GRAD" in _fact(r, "cfg.CLIP_GRAD").source
+    assert _fact(r, "lr").value == 1e-3  # the class body's ``lr`` is not a module-level name
+    assert _fact(r, "self.accum", t.functions["step"][0]).value == 2

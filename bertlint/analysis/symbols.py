@@ -5,6 +5,23 @@ One cheap walk of the module collects: imports (local name -> qualified name), e
 defaults, and literal dicts. ``resolve`` then evaluates the few expressions the rules need
 (an accumulation factor, a batch size, a flag) without running anything.
 
+``Resolver.fact(expr, func)`` is the value evaluator with sources (issue 14): it returns a :class:`Fact`
+(value or UNKNOWN, where it came from, and whether the launch may override it) and keeps unknown unknown: a
+function's parameter, an attribute of an object passed in, a name bound by a loop or updated in place, a
+keyword not passed to a constructor are UNKNOWN with the reason as their source::
+
+    r = ctx.resolver
+    r.fact(expr, func)              # Fact(value, source, node, kind): kind literal | default | environment |
+                                    # unset | unknown; fact.known, fact.definite, fact.describe(ctx) (adds the line)
+    r.call_kwargs(call, func)       # {"gradient_accumulation_steps": Fact, ...} with ``**{...}`` / ``**kw`` read;
+                                    # key "**" (an UNKNOWN Fact) when some ``**x`` could not be read
+
+It reads ``not`` / ``and`` / ``or`` / comparisons / ``x if c else y``, arithmetic, ``int()`` / ``max()`` /
+``min()``, dict literals and ``dict(...)``, ``os.environ.get(k, d)`` / ``os.getenv``, argparse options
+(``store_true`` / ``store_false`` / ``default`` / ``type`` / ``set_defaults``), HfArgumentParser dataclasses
+(by their position in the parser's tuple), dataclass field defaults, plain config classes (``CFG.ACCUM``) and
+``obj.x`` where ``obj = Ctor(..., x=...)``. ``value`` / ``int_value`` keep their older, laxer contract.
+
 No ScopeProvider / QualifiedNameProvider: they cost several times the parse.
 """
 
@@ -130,6 +147,8 @@ class SymbolTable(cst.CSTVisitor):
         self.aug_assigns: dict[str, list[tuple[cst.AugAssign, FuncNode]]] = {}  # ``x += 1``
         self.item_assigns: dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression, FuncNode]]] = {}  # d[k] = v
         self.unpack_seq: dict[int, int] = {}  # id(call) of an unpacking -> its source order (Assignment.seq)
+        self.class_attrs: dict[str, dict[str, cst.BaseExpression]] = {}  # class -> attribute -> value (class body)
+        self.class_body_nodes: set[int] = set()  # id(Assign) of class-body assignments (not module-level names)
         self._seq = 0
 
     # ---- imports
@@ -244,8 +263,15 @@ class SymbolTable(cst.CSTVisitor):
         if name:
             self.aug_assigns.setdefault(name, []).append((node, self._func_stack[-1] if self._func_stack else None))
 
+    def _class_body(self, node: cst.CSTNode, target: cst.BaseExpression, value: Optional[cst.BaseExpression]) -> None:
+        if self._scope and isinstance(self._scope[-1], cst.ClassDef) and value is not None:
+            self.class_body_nodes.add(id(node))
+            if isinstance(target, cst.Name):
+                self.class_attrs.setdefault(self._scope[-1].name.value, {})[target.value] = value
+
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
+            self._class_body(node, t.target, node.value)
             self._add(t.target, node.value, node)
             if isinstance(t.target, (cst.Tuple, cst.List)) and isinstance(node.value, cst.Call):
                 names = [None if isinstance(el, cst.StarredElement) else dotted(el.value) for el in t.target.elements]
@@ -254,6 +280,7 @@ class SymbolTable(cst.CSTVisitor):
                 self.unpacks.append((names, node.value, self._func_stack[-1] if self._func_stack else None))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._class_body(node, node.target, node.value)
         if node.value is not None and not self._class_stack or (self._func_stack and node.value is not None):
             self._add(node.target, node.value, node)
 
@@ -803,7 +830,8 @@ class Resolver:
             # attributes: every method's assignment of self.x counts
             cls = self._class_of(func)
             return [a for a in all_ if a.func is not None and self._class_of(a.func) is cls] if cls is not None else []
-        return [a for a in all_ if a.func is None]
+        body = getattr(self.t, "class_body_nodes", ())
+        return [a for a in all_ if a.func is None and id(a.node) not in body]
 
     def _class_of(self, func: Any) -> Optional[cst.ClassDef]:
         parents = getattr(self.t, "scope_parent", {})
@@ -857,6 +885,9 @@ class Resolver:
                 return facts[0]
             return next((f for f in facts if not f.known),
                         Fact(UNKNOWN, f"unknown: `{name}` is assigned different values", expr, "unknown"))
+        cls_attr = self._class_attr_fact(owner, attr, func, d)
+        if cls_attr is not None:
+            return cls_attr
         hf = self._hf_dataclass_of(owner, func)
         if hf is not None:
             return self._hf_fact(hf, attr, expr, d)
@@ -899,8 +930,40 @@ class Resolver:
             if "**" in kws:
                 return kws["**"]
             return Fact(UNKNOWN, f"unknown: `{attr}` is not passed to `{_short(ctor.func)}(...)` (its default applies)",
-                        ctor, "unknown")
+                        ctor, "unset")
         return Fact(UNKNOWN, f"unknown: `{name}`", expr, "unknown")
+
+    def _class_attr_fact(self, owner: str, attr: str, func, d: int) -> Optional["Fact"]:
+        """``CFG.ACCUM`` / ``cfg.ACCUM`` (``cfg = CFG()``) / ``self.ACCUM``: a class-body assignment of this file
+        (a plain config class), unless an instance attribute of that name is assigned somewhere."""
+        attrs_of = getattr(self.t, "class_attrs", {})
+        cls_name = None
+        if owner in ("self", "cls"):
+            c = self._class_of(func)
+            cls_name = c.name.value if c is not None else None
+        elif owner in self.t.classes and owner not in self.t.imports and not self._visible_assigns(owner, func):
+            cls_name = owner
+        elif "." not in owner and self._param_owner(owner, func) is None:
+            made = self._visible_assigns(owner, func)
+            if len(made) == 1 and isinstance(made[0].value, cst.Call) and isinstance(made[0].value.func, cst.Name):
+                cn = made[0].value.func.value
+                if cn in self.t.classes and cn not in self.t.imports and not made[0].value.args:
+                    cls_name = cn
+        seen = 0
+        while cls_name and cls_name in self.t.classes and seen < 6:
+            seen += 1
+            v = attrs_of.get(cls_name, {}).get(attr)
+            if v is not None:
+                if any(a.target.endswith(f".{attr}") and a.func is not None for a in self.t.assignments.get(f"self.{attr}", [])):
+                    return None  # an instance attribute of that name shadows it somewhere
+                f = self._fact(v, None, d)
+                if not f.known:
+                    return f
+                src = f"class attribute {cls_name}.{attr}" + ("" if f.source.startswith("literal") else f" ({f.source})")
+                return Fact(f.value, src, v, f.kind)
+            bases = [b for b in self.t.class_bases.get(cls_name, []) if b in self.t.classes]
+            cls_name = bases[0] if bases else None
+        return None
 
     def _passed_cli(self, fn: cst.FunctionDef, owner: str) -> bool:
         """Every same-file call of ``fn`` passes a ``parse_args()`` result as ``owner``."""
@@ -1044,8 +1107,16 @@ class Fact:
     "dict literal key 'x'", "environment variable GA (default 4)", "computed from ...", or
     "unknown: parameter of train()" / "unknown: ..." when UNKNOWN. ``kind``: "literal" (fixed in the code),
     "default" (an argparse / dataclass default: the command line may override it), "environment" (an
-    environment variable's default), "unknown". ``node``: where the value is written (for a line number:
-    ``fact.describe(ctx)``)."""
+    environment variable's default), "unset" (UNKNOWN: the keyword is not passed to the constructor, so the
+    library's default, or a launch configuration, applies; ``node`` is the constructor call), "unknown".
+    ``node``: where the value is written (for a line number: ``fact.describe(ctx)``).
+
+    Example::
+
+        f = ctx.resolver.fact(call_kwarg_expr, func)
+        if f.definite: ...                       # fixed in the code
+        elif f.known: ...                        # a default the command line / environment may override
+        else: f.source                           # "unknown: parameter of train()" -> stay silent or say so"""
 
     value: Any
     source: str
@@ -1076,7 +1147,7 @@ _ARGS_LIKE = __import__("re").compile(
     r"^(args|arg|opt|opts|options|cfg|config|conf|hparams|hp|params|flags|FLAGS|argv|arguments|\w+_args|args_\w+|\w+_cfg|\w+_config)$"
 )
 
-_KIND_ORDER = {"literal": 0, "default": 1, "environment": 2, "unknown": 3}
+_KIND_ORDER = {"literal": 0, "default": 1, "environment": 2, "unset": 3, "unknown": 3}
 
 
 def _weakest(*facts: "Fact") -> str:
