@@ -207,3 +207,29 @@ def test_plain_config_class_attributes():
     assert "CFG.CLIP_GRAD" in _fact(r, "cfg.CLIP_GRAD").source
     assert _fact(r, "lr").value == 1e-3  # the class body's ``lr`` is not a module-level name
     assert _fact(r, "self.accum", t.functions["step"][0]).value == 2
+
+
+def test_namespace_from_a_parse_helper_and_kwargs_from_a_dict_factory():
+    t, r = _r("""
+        import argparse
+        from transformers import Trainer
+        def _parse_args():
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--grad-accum-steps", type=int, default=1)
+            args = parser.parse_args()
+            return args, "text"
+        def make_data_module(tokenizer, data_args):
+            train = load(data_args)
+            return dict(train_dataset=train, eval_dataset=None)
+        def main():
+            args, args_text = _parse_args()
+            n = args.grad_accum_steps
+            trainer = Trainer(model=m, **make_data_module(tok, args))
+    """)
+    main = t.module_funcs["main"][0]
+    f = _fact(r, "args.grad_accum_steps", main)
+    assert (f.value, f.kind) == (1, "default")
+    call = [c for c, n, fn in t.calls if n == "Trainer"][0]
+    kws = r.call_kwargs(call, main)
+    assert "**" not in kws and set(kws) == {"model", "train_dataset", "eval_dataset"}
+    assert kws["eval_dataset"].value is None and kws["train_dataset"].value is UNKNOWN

@@ -544,6 +544,15 @@ class Resolver:
                         return None
                     out.update(sub)
             return out
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
+            # ``**make_data_module(...)``: a same-file function returning one dict literal (its keys are known,
+            # its values are read in the function: a parameter there stays unknown)
+            defs = getattr(self.t, "module_funcs", {}).get(expr.func.value, [])
+            if len(defs) == 1:
+                rets = getattr(self.t, "returns", {}).get(id(defs[0]), [])
+                if len(rets) == 1:
+                    return self._dict_items(rets[0], defs[0], d + 1)
+            return None
         name = dotted(expr)
         if name is None:
             return None
@@ -902,7 +911,8 @@ class Resolver:
         if not made:
             if any(owner in names for names, _c, _f in self.t.unpacks):
                 for names, c, _f in self.t.unpacks:
-                    if owner in names and (call_name(c) or "").endswith("parse_known_args"):
+                    if owner in names and ((call_name(c) or "").endswith("parse_known_args") or
+                                           self._returns_namespace(c, names.index(owner))):
                         cli = self._cli_fact(attr, expr, d)
                         if cli is not None:
                             return cli
@@ -964,6 +974,28 @@ class Resolver:
             bases = [b for b in self.t.class_bases.get(cls_name, []) if b in self.t.classes]
             cls_name = bases[0] if bases else None
         return None
+
+    def _returns_namespace(self, call: cst.Call, index: int) -> bool:
+        """``args, text = _parse_args()`` where the same-file function returns ``parser.parse_args(...)`` (or a
+        name bound to it) at that position."""
+        if not isinstance(call.func, cst.Name):
+            return False
+        defs = getattr(self.t, "module_funcs", {}).get(call.func.value, [])
+        if len(defs) != 1:
+            return False
+        for r in getattr(self.t, "returns", {}).get(id(defs[0]), [])[:3]:
+            el = r.elements[index].value if isinstance(r, cst.Tuple) and index < len(r.elements) else None
+            if el is None:
+                continue
+            if isinstance(el, cst.Call) and (call_name(el) or "").endswith(("parse_args", "parse_known_args")):
+                return True
+            n = dotted(el)
+            if n:
+                for a in self.t.assignments.get(n, []):
+                    if a.func is defs[0] and isinstance(a.value, cst.Call) and \
+                            (call_name(a.value) or "").endswith(("parse_args", "parse_known_args")):
+                        return True
+        return False
 
     def _passed_cli(self, fn: cst.FunctionDef, owner: str) -> bool:
         """Every same-file call of ``fn`` passes a ``parse_args()`` result as ``owner``."""
