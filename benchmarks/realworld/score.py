@@ -85,6 +85,17 @@ def load_entries(here: str = HERE) -> tuple[list[dict], list[str]]:
             e["_source"] = os.path.relpath(src, here)
             seen[key] = e
             entries.append(e)
+    by_sha: dict[str, dict] = {}
+    for e in entries:
+        sha = e.get("sha256")
+        if sha and sha in by_sha:
+            o = by_sha[sha]
+            warnings.append(
+                f"{e['_source']}: {e['local']} has the same bytes as {o['local']} ({o['_source']}): "
+                "one file counted twice"
+            )
+        elif sha:
+            by_sha[sha] = e
     return entries, warnings
 
 
