@@ -245,6 +245,160 @@ def normalize_dtype(v: Any, qual: Optional[str] = None) -> Optional[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# classes imported from the project: their bases, read from the project's own files (never executed)
+
+TRAINER_BASE_RE = re.compile(r"^(transformers|trl)(\.[\w.]*)?\.\w*Trainer$")
+ARGS_BASE_RE = re.compile(r"^(transformers(\.[\w.]*)?\.(Seq2Seq)?TrainingArguments|trl(\.[\w.]*)?\.\w*Config)$")
+_FRAMEWORK_HEADS = ("transformers", "trl", "torch", "lightning", "pytorch_lightning", "accelerate", "deepspeed",
+                    "peft", "diffusers", "datasets", "numpy", "sentence_transformers")
+_MAX_PROJECT_FILE = 1_500_000
+
+
+def _repo_root(d: str) -> Optional[str]:
+    cur = d
+    for _ in range(40):
+        if any(os.path.exists(os.path.join(cur, m)) for m in (".git", ".hg")):
+            return cur
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return None
+        cur = parent
+    return None
+
+
+@lru_cache(maxsize=128)
+def _parsed(path: str, mtime: float):
+    """(module, SymbolTable, {local: (module, name, level)}) of a project file; None when unreadable."""
+    try:
+        if os.path.getsize(path) > _MAX_PROJECT_FILE:
+            return None
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        module = cst.parse_module(text)
+    except Exception:
+        return None
+    from bertlint.analysis import symbols as _symbols
+
+    return module, _symbols.build(module), _import_map(module)
+
+
+def _import_map(module: cst.Module) -> dict:
+    """``from a.b import C as D`` / ``from .x import C``: {"D": ("a.b", "C", 0)}, {"C": ("x", "C", 1)} (top level and
+    one level of ``try`` / ``if``)."""
+    out: dict = {}
+
+    def scan(stmts) -> None:
+        for st in stmts:
+            if isinstance(st, cst.SimpleStatementLine):
+                for small in st.body:
+                    if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                        mod = dotted(small.module) if small.module is not None else ""
+                        level = len(small.relative)
+                        for a in small.names:
+                            name = dotted(a.name) or ""
+                            local = a.asname.name.value if a.asname is not None and isinstance(
+                                a.asname.name, cst.Name) else name
+                            out[local] = (mod or "", name, level)
+            elif isinstance(st, (cst.Try, cst.If)) and isinstance(st.body, cst.IndentedBlock):
+                scan(st.body.body)
+
+    scan(module.body)
+    return out
+
+
+def _module_file(base_dir: str, module: str, level: int) -> Optional[str]:
+    """The project file of ``module`` imported from a file in ``base_dir`` (``level`` dots for a relative import):
+    searched from ``base_dir`` up to the repository root; None for anything that is not a project file."""
+    parts = [p for p in module.split(".") if p]
+    if level == 0 and (not parts or parts[0] in _FRAMEWORK_HEADS):
+        return None
+    if level > 0:
+        d = base_dir
+        for _ in range(level - 1):
+            d = os.path.dirname(d)
+        dirs = [d]
+    else:
+        dirs, cur = [], base_dir
+        root = _repo_root(base_dir)
+        for _ in range(12):
+            dirs.append(cur)
+            if root is None or cur == root:
+                break
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                break
+            cur = parent
+        for sub in ("src",):
+            if root is not None:
+                dirs.append(os.path.join(root, sub))
+    for d in dirs:
+        base = os.path.join(d, *parts) if parts else d
+        for cand in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(cand):
+                return cand
+    return None
+
+
+def project_class(base_dir: str, module: str, name: str, level: int = 0, depth: int = 0):
+    """(ClassDef, SymbolTable, import map, folder) of class ``name`` defined in the project module ``module``
+    (following one re-export such as ``from .trainer import MyTrainer`` in a package ``__init__``)."""
+    if depth > 4:
+        return None
+    path = _module_file(base_dir, module, level)
+    if path is None:
+        return None
+    try:
+        got = _parsed(os.path.abspath(path), os.stat(path).st_mtime)
+    except OSError:
+        return None
+    if got is None:
+        return None
+    _mod, table, imap = got
+    cls = table.classes.get(name)
+    folder = os.path.dirname(os.path.abspath(path))
+    if cls is not None:
+        return cls, table, imap, folder
+    if name in imap:
+        m, n, lv = imap[name]
+        return project_class(folder, m, n, lv, depth + 1)
+    return None
+
+
+def framework_base(base_dir: str, table, imap: dict, cls: cst.ClassDef, pattern, depth: int = 0) -> Optional[str]:
+    """The framework class (its qualified name) that ``cls``'s bases reach and that ``pattern`` matches, through the
+    file's own classes and classes imported from the project's files; None when none does (or it cannot be read)."""
+    if depth > 8:
+        return None
+    for b in cls.bases:
+        if b.keyword is not None:
+            continue
+        q = table.qualname(b.value)
+        d = dotted(b.value) or ""
+        if q and pattern.match(q):
+            return q
+        head = d.split(".")[0]
+        if q is None and d in table.classes and table.classes[d] is not cls:
+            got = framework_base(base_dir, table, imap, table.classes[d], pattern, depth + 1)
+            if got:
+                return got
+            continue
+        if head in imap and "." not in d:
+            m, n, lv = imap[head]
+            found = project_class(base_dir, m, n, lv)
+        elif q and "." in q and q.split(".")[0] not in _FRAMEWORK_HEADS:
+            mod, _, n = q.rpartition(".")
+            found = project_class(base_dir, mod, n, 0)
+        else:
+            found = None
+        if found is not None:
+            pcls, ptable, pimap, pdir = found
+            got = framework_base(pdir, ptable, pimap, pcls, pattern, depth + 1)
+            if got:
+                return got
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # data classes
 
 
@@ -269,6 +423,7 @@ class TrainingArgs:
     open_ended: bool = False  # an unresolved **splat: fields not in ``explicit`` are unknown
     runtime_cli: bool = False  # values parsed from the command line at run time (defaults apply if not given)
     source_file: Optional[str] = None  # JSON/YAML file the values came from
+    reads: dict = field(default_factory=dict)  # field -> first node reading `<var>.<field>` (the script uses it)
 
     def setting(self, name: str) -> Optional[Setting]:
         return self.explicit.get(name)
@@ -578,13 +733,54 @@ class _Builder:
         return q is None and d in bare and self.t.uses("transformers") and d not in self.t.classes
 
     def trainer_class(self, expr: cst.BaseExpression) -> Optional[tuple[str, Optional[cst.ClassDef]]]:
-        """(class name, user subclass or None) when ``expr`` names transformers' Trainer or a subclass of it."""
+        """(class name, user subclass or None) when ``expr`` names transformers' Trainer or a subclass of it (a trl
+        trainer, a class of this file, or a class imported from the project whose bases reach one)."""
         if self.is_transformers_name(expr, TRAINER_QUALNAMES, {"Trainer", "Seq2SeqTrainer"}):
             return dotted(expr) or "Trainer", None
         d = dotted(expr)
         if d and d in self.t.classes and self._subclasses_trainer(d, 0):
             return d, self.t.classes[d]
+        q = self.qual(expr)
+        if q and TRAINER_BASE_RE.match(q):
+            return d or q.split(".")[-1], None
+        if d and d not in self.t.classes and d.split(".")[-1][:1].isupper():
+            memo = self.__dict__.setdefault("_args_memo", {})
+            key = ("trainer", d)
+            if key not in memo:
+                memo[key] = self._project_base(expr, TRAINER_BASE_RE) is not None
+            if memo[key]:
+                return d, None
         return None
+
+    def _imports_map(self) -> dict:
+        got = self.__dict__.get("_imap")
+        if got is None:
+            got = _import_map(self.ctx.module)
+            self.__dict__["_imap"] = got
+        return got
+
+    def _project_base(self, expr: cst.BaseExpression, pattern) -> Optional[str]:
+        """The framework class an imported project class (``expr``) derives from, read from its file."""
+        d = dotted(expr) or ""
+        imap = self._imports_map()
+        head = d.split(".")[0]
+        found = None
+        if head in imap and "." not in d:
+            m, n, lv = imap[head]
+            found = project_class(self.dir, m, n, lv)
+        else:
+            q = self.qual(expr)
+            if q and "." in q and q.split(".")[0] not in _FRAMEWORK_HEADS:
+                mod, _, n = q.rpartition(".")
+                found = project_class(self.dir, mod, n, 0)
+        if found is None:
+            return None
+        pcls, ptable, pimap, pdir = found
+        return framework_base(pdir, ptable, pimap, pcls, pattern)
+
+    def base_reaches(self, cls: cst.ClassDef, pattern) -> Optional[str]:
+        """The framework class ``cls`` (a class of this file) derives from, through this file and the project."""
+        return framework_base(self.dir, self.t, self._imports_map(), cls, pattern)
 
     def _subclasses_trainer(self, name: str, depth: int) -> bool:
         if depth > 8:
@@ -598,7 +794,7 @@ class _Builder:
             bd = dotted(b.value)
             if bd and bd in self.t.classes and bd != name and self._subclasses_trainer(bd, depth + 1):
                 return True
-        return False
+        return depth == 0 and self.base_reaches(cls, TRAINER_BASE_RE) is not None
 
     def _class_chain(self, name: str) -> list[cst.ClassDef]:
         out, seen = [], set()
@@ -624,6 +820,16 @@ class _Builder:
                 for b in cls.bases:
                     if self.is_transformers_name(b.value, ARGS_QUALNAMES, {"TrainingArguments", "Seq2SeqTrainingArguments"}):
                         return True
+            return self.base_reaches(self.t.classes[d], ARGS_BASE_RE) is not None
+        q = self.qual(expr)
+        if q and ARGS_BASE_RE.match(q):
+            return True  # trl's SFTConfig / DPOConfig ... are TrainingArguments
+        if d and isinstance(expr, (cst.Name, cst.Attribute)) and d.split(".")[-1][:1].isupper():
+            key = ("args", d)
+            memo = self.__dict__.setdefault("_args_memo", {})
+            if key not in memo:
+                memo[key] = self._project_base(expr, ARGS_BASE_RE) is not None
+            return memo[key]
         return False
 
     # ---- TrainingArguments
@@ -638,7 +844,13 @@ class _Builder:
         for a in call.args:
             if a.keyword is not None:
                 v = self.r.value(a.value, site.func)
-                ta.explicit[a.keyword.value] = Setting(v, self._origin(a.value), a)
+                origin = self._origin(a.value)
+                if v is UNKNOWN:  # `not args.x`, `a or b`, ...: the shared value evaluator, with its source
+                    f = self._fact(a.value, site.func)
+                    if f is not None and f.known:
+                        v = f.value
+                        origin = f.source if f.kind != "literal" else f"keyword (`{code_of(a.value)}`)"
+                ta.explicit[a.keyword.value] = Setting(v, origin, a)
             elif a.star == "**":
                 d = self.r.value(a.value, site.func)
                 if isinstance(d, dict):
@@ -646,10 +858,39 @@ class _Builder:
                         if isinstance(k, str):
                             ta.explicit[k] = Setting(v, f"**{code_of(a.value)}", a)
                 else:
-                    ta.open_ended = True
+                    items = self._fact_items(a.value, site.func)
+                    if items is None:
+                        ta.open_ended = True
+                    else:
+                        for k, f in items.items():
+                            ta.explicit[k] = Setting(f.value, f"**{code_of(a.value)}", a)
             elif a.star == "*":
                 ta.open_ended = True
         return ta
+
+    def _fact(self, expr, func):
+        """``Resolver.fact`` (the shared evaluator: `not`, `and`/`or`, argparse store_true, dataclass fields, each
+        with its source); None when it is not available or fails."""
+        fact = getattr(self.r, "fact", None)
+        if fact is None:
+            return None
+        try:
+            return fact(expr, func)
+        except Exception:
+            return None
+
+    def _fact_items(self, expr, func):
+        """Per-key facts of a ``**dict`` argument; None when not readable (or a key is not statically known)."""
+        ck = getattr(self.r, "call_kwargs", None)
+        if ck is None:
+            return None
+        try:
+            items = ck(cst.Call(func=cst.Name("f"), args=[cst.Arg(value=expr, star="**")]), func)
+        except Exception:
+            return None
+        if "**" in items:
+            return None
+        return items
 
     def _subclass_defaults(self, name: str, ta: TrainingArgs) -> None:
         for cls in reversed(self._class_chain(name)):
@@ -1201,6 +1442,17 @@ class _Builder:
             return merged
         return None
 
+    def _collect_reads(self, args_list: list) -> None:
+        """``training_args.gradient_checkpointing`` read somewhere in the file (``if training_args.x:``): the script
+        expects the field to be set at launch (from the shared index, no walk of its own)."""
+        names = {a.var: a for a in args_list if a.var and "." not in a.var}
+        if not names:
+            return
+        for node in self.ctx.index.of(cst.Attribute):
+            if isinstance(node.value, cst.Name) and node.value.value in names:
+                ta = names[node.value.value]
+                ta.reads.setdefault(node.attr.value, node)
+
     def disables_loss_kwargs(self) -> Optional[str]:
         for target, assigns in self.t.assignments.items():
             last = target.split(".")[-1]
@@ -1223,6 +1475,7 @@ class _Builder:
         for a in args_list:
             self.apply_attribute_assignments(a)
         fs.training_args = args_list
+        self._collect_reads(args_list)
         for site in self.col.calls:
             ti = self.trainer_from_site(site, args_list)
             if ti is not None:

@@ -112,8 +112,11 @@ def reentrant_of(kwargs, tv, via: str):
     return True, "a kwargs dict without `use_reentrant` replaces transformers' default and torch falls back to reentrant"
 
 
-def checkpointing_sites(setup, tv):
-    """[(node, kwargs, via, reentrant, reason)] for one TrainingSetup: TrainingArguments flags and enable calls."""
+def checkpointing_sites(setup, tv, launch: bool = False):
+    """[(node, kwargs, via, reentrant, reason)] for one TrainingSetup: TrainingArguments flags and enable calls.
+    ``launch``: also a flag that comes from the command line (``HfArgumentParser`` / argparse, not known statically)
+    when the script itself reads it (``if training_args.gradient_checkpointing:``): via "launch", judged with the
+    other fields at their defaults, for findings that say "when launched with --gradient_checkpointing"."""
     out = []
     a, m = setup.args, setup.model
     if m is not None:
@@ -129,6 +132,16 @@ def checkpointing_sites(setup, tv):
                     kws = a.get("activation_checkpointing_kwargs")
                 r, why = reentrant_of(kws, tv, "trainer")
                 out.append((a.keyword_node(flag) or a.node, kws, "trainer", r, why))
+    if launch and a is not None and not out:
+        for flag in ("gradient_checkpointing", "activation_checkpointing"):
+            read = a.reads.get(flag)
+            if a.get(flag) is UNKNOWN and read is not None and (a.runtime_cli or a.origin(flag).startswith("argparse")):
+                kws = a.get(flag + "_kwargs")
+                if kws is UNKNOWN:
+                    kws = None  # judged at its default, as the flag's own launch is
+                r, why = reentrant_of(kws, tv, "trainer")
+                out.append((read, kws, "launch", r, why))
+                break
     trainer_sites = [x for x in out if x[2] == "trainer"]
     if trainer_sites and setup.trainer is not None:
         # Trainer.train() enables checkpointing again with the TrainingArguments kwargs: those win

@@ -6,6 +6,8 @@ transformers ≥ 5.0 installs the input-grad hook itself for text models, so onl
 
 from __future__ import annotations
 
+import libcst as cst
+
 from bertlint.analysis.versions import severity_for
 from bertlint.checks._trainer import checkpointing_sites
 from bertlint.registry import rule
@@ -39,17 +41,24 @@ def check(ctx) -> None:
                 continue
         if m.kbit and not m.peft:
             continue  # prepare_model_for_kbit_training enables checkpointing and the input-grad hook itself
-        for node, kwargs, via, reentrant, why in checkpointing_sites(s, tv):
+        for node, kwargs, via, reentrant, why in checkpointing_sites(s, tv, launch=True):
             if reentrant is not True:
                 continue
+            when = ""
+            sev = severity_for(Severity.ERROR, tv)
+            if via == "launch":
+                flag = node.attr.value if isinstance(node, cst.Attribute) else "gradient_checkpointing"
+                when = (f"When launched with `--{flag} True` (the flag comes from the command line, and the script "
+                        f"reads `{ctx.module.code_for_node(node)}`): ")
+                sev = Severity.WARNING
             ctx.report(
                 node,
-                f"Reentrant activation checkpointing ({why}) while {frozen}, and no input-grad hook: the hidden "
+                f"{when}Reentrant activation checkpointing ({why}) while {frozen}, and no input-grad hook: the hidden "
                 f"states entering each checkpointed layer do not require grad, so the layers inside it (encoder "
                 f"weights, LoRA adapters) get no gradient — only the warning `None of the inputs have "
                 f"requires_grad=True. Gradients will be None` shows it. Fix: "
                 f"`gradient_checkpointing_kwargs={{\"use_reentrant\": False}}`, or call "
                 f"`model.enable_input_require_grads()` before training.",
-                severity=severity_for(Severity.ERROR, tv),
+                severity=sev,
             )
             break
