@@ -233,3 +233,21 @@ def test_namespace_from_a_parse_helper_and_kwargs_from_a_dict_factory():
     kws = r.call_kwargs(call, main)
     assert "**" not in kws and set(kws) == {"model", "train_dataset", "eval_dataset"}
     assert kws["eval_dataset"].value is None and kws["train_dataset"].value is UNKNOWN
+
+
+def test_partial_kwargs_dicts():
+    t, r = _r("""
+        from accelerate import Accelerator
+        def make(split_batches, accelerate_kwargs):
+            a = Accelerator(**{"split_batches": split_batches, "mixed_precision": "fp16", **accelerate_kwargs,
+                               "gradient_accumulation_steps": 2})
+            b = Accelerator(**dict(mixed_precision="bf16", **accelerate_kwargs))
+    """)
+    make = t.module_funcs["make"][0]
+    a, b = [c for c, n, f in t.calls if n == "Accelerator"]
+    ka = r.call_kwargs(a, make)
+    assert "**" in ka
+    assert ka["mixed_precision"].value is UNKNOWN  # **accelerate_kwargs may override it
+    assert ka["gradient_accumulation_steps"].value == 2  # written after it
+    kb = r.call_kwargs(b, make)
+    assert kb["mixed_precision"].value == "bf16" and "**" in kb

@@ -509,6 +509,8 @@ class Resolver:
                     out["**"] = Fact(UNKNOWN, f"unknown: `**{_short(a.value)}` could not be read", a.value, "unknown")
                 else:
                     out.update(items)
+        if "**" in out:
+            out["**"] = out.pop("**")
         return out
 
     def _dict_items(self, expr: cst.BaseExpression, func: FuncNode, d: int) -> Optional[dict[str, "Fact"]]:
@@ -528,8 +530,13 @@ class Resolver:
                 else:
                     sub = self._dict_items(el.value, func, d + 1)
                     if sub is None:
-                        return None
-                    out.update(sub)
+                        # the keys so far may be overridden by what ``**x`` holds; later keys are certain
+                        why = f"unknown: may be overridden by `**{_short(el.value)}`"
+                        out = {k: Fact(UNKNOWN, why, el.value, "unknown") for k in out}
+                        out["**"] = Fact(UNKNOWN, f"unknown: `**{_short(el.value)}` could not be read", el.value,
+                                         "unknown")
+                    else:
+                        out.update(sub)
             return out
         if isinstance(expr, cst.Call) and (call_name(expr) or "") == "dict":
             out = {}
@@ -540,9 +547,13 @@ class Resolver:
                                                 ("" if f.kind == "literal" else f" ({f.source})"), f.node or a.value, f.kind)
                 elif a.star == "**" or a.star == "":
                     sub = self._dict_items(a.value, func, d + 1)
-                    if sub is None:
-                        return None
-                    out.update(sub)
+                    if sub is None:  # dict(a=1, **kw): kw cannot repeat ``a``, so the explicit keys stay
+                        out["**"] = Fact(UNKNOWN, f"unknown: `{a.star}{_short(a.value)}` could not be read", a.value,
+                                         "unknown")
+                    else:
+                        out.update(sub)
+            if "**" in out:
+                out["**"] = out.pop("**")
             return out
         if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
             # ``**make_data_module(...)``: a same-file function returning one dict literal (its keys are known,
@@ -710,7 +721,7 @@ class Resolver:
             return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
         if isinstance(expr, cst.Dict):
             items = self._dict_items(expr, func, d)
-            if items is None:
+            if items is None or "**" in items:
                 return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
             facts = [f for f in items.values() if f.known]
             return Fact({k: f.value for k, f in items.items()}, "dict literal", expr, _weakest(*facts) if facts else "literal")
@@ -771,7 +782,7 @@ class Resolver:
         if name == "dict" or isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "get":
             if name == "dict":
                 items = self._dict_items(expr, func, d)
-                if items is None:
+                if items is None or "**" in items:
                     return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
                 vals = {k: f.value for k, f in items.items()}
                 facts = [f for f in items.values() if f.known]
@@ -781,6 +792,8 @@ class Resolver:
             if items is not None and key is not None and isinstance(key.value, str):
                 if key.value in items:
                     return items[key.value]
+                if "**" in items:
+                    return items["**"]
                 dflt = pos[1] if len(pos) > 1 else None
                 if dflt is None:
                     return Fact(None, f"`.get({key.value!r})` of a dict without that key", expr, "literal")
