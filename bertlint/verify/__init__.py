@@ -347,7 +347,7 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
                 records = _load_records(record_dir)
         wall = time.time() - t0
         res = _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc,
-                     shown_name=str(path), timeout=timeout, notes=notes)
+                     shown_name=str(path), timeout=timeout, notes=notes, script_args=args)
         if report_dir:
             from bertlint.verify._report import write_report_dir
             from bertlint.verify._rules import Run
@@ -414,7 +414,7 @@ def _outcome(records: list, ranks: list, killed: bool) -> str:
 
 
 def _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc,
-           shown_name=None, timeout=None, notes=()) -> VerifyResult:
+           shown_name=None, timeout=None, notes=(), script_args=()) -> VerifyResult:
     from bertlint.types import Diagnostic, Position, Verification
     from bertlint.verify._report import memory_report, outcome_line, report_text, script_error_text
     from bertlint.verify._rules import NOT_RUN, Run, runtime_findings, verify_diagnostic
@@ -459,7 +459,8 @@ def _build(script, source, diagnostics, mine, records, static_n, settings, wall,
         from bertlint.engine import is_suppressed
     except Exception:  # pragma: no cover
         is_suppressed = None
-    for f in runtime_findings(run, static_codes):
+    named = bool(re.search(r"accum|grad(?:ient)?_?acc|\bga_steps\b", source + " " + " ".join(script_args), re.I))
+    for f in runtime_findings(run, static_codes, accumulation_named=named):
         line = f["line"]
         if not line or os.path.realpath(line[0]) != script:
             continue

@@ -710,8 +710,9 @@ def verify_diagnostic(run: Run, d, source_lines: list[str]) -> tuple:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def runtime_findings(run: Run, static_codes: set) -> list[dict]:
-    """What the run shows on its own (decisive evidence only), for codes the static pass did not report."""
+def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = False) -> list[dict]:
+    """What the run shows on its own (decisive evidence only), for codes the static pass did not report.
+    ``accumulation_named``: the script or its arguments name an accumulation setting (``--grad-accum 4``)."""
     out: list[dict] = []
 
     def add(code, line, message, evidence):
@@ -723,6 +724,20 @@ def runtime_findings(run: Run, static_codes: set) -> list[dict]:
 
     if run.r.get("status") == "no-torch":
         return out
+    # BL101: the loss is divided by k (an accumulation the script names) but every micro-batch steps
+    k = run.factor_k
+    sizes = run.sizes()
+    framework = (run.r.get("trainer") or {}).get("steps") or (run.r.get("accelerate") or {}).get("backward_calls") \
+        or (run.r.get("deepspeed") or {}).get("backward")
+    if accumulation_named and k and len(sizes) >= 2 and all(x == 1 for x in sizes) and not framework:
+        steps_at = [w.get("line") for w in run.windows if w.get("line")]
+        line = Counter(tuple(x) for x in steps_at).most_common(1)[0][0] if steps_at else None
+        add("BL101", list(line) if line else None,
+            f"runtime: the loss reaches backward divided by {k} (accumulation {k} intended) but the optimizer steps "
+            f"after every micro-batch: each update sees one micro-batch instead of {k} and is {k}× too small. Step "
+            f"(and zero the gradients) only when `(i + 1) % {k} == 0`.",
+            f"{run.ran_header()}: one update per micro-batch (window sizes {sizes[:6]}) while the loss is scaled by "
+            f"{g(run.factor, 3)} = 1/{k} before backward")
     # BL102: gradients cleared between micro-batches of a window
     ws = [w for w in run.windows if isinstance(w.get("in_grad"), int)]
     lost = [w for w in ws if w["since_step"] > 1 and w["in_grad"] < w["since_step"]]
