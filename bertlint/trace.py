@@ -50,6 +50,7 @@ ACCUM_FRAMEWORK = "framework"  # accelerate / DeepSpeed divide by it
 SCALER = "scaler"  # GradScaler's loss scale (always undone by unscale_ / step)
 CONST = "const"  # a known number
 OTHER = "other"  # a factor whose value is not known (``loss / num_tokens``)
+WEIGHT = "weight"  # a loss weight that does not change with N (``loss * args.alpha``, a weighted sum of losses)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,12 @@ class Scale:
     @property
     def known(self) -> bool:
         """No factor of unknown value (the scaler's scale counts as known: it is always undone)."""
-        return not any(f.kind == OTHER for f in self.factors)
+        return not any(f.kind in (OTHER, WEIGHT) for f in self.factors)
+
+    @property
+    def n_free(self) -> bool:
+        """No accumulation factor and no unknown normalisation: only constants and N-independent weights."""
+        return not any(f.kind in (OTHER, ACCUM_USER, ACCUM_FRAMEWORK) for f in self.factors)
 
     @property
     def n_power(self) -> int:
@@ -114,11 +120,13 @@ class Scale:
         for f in self.factors:
             if f.kind == CONST and f.value is not None and f.value != 1:
                 parts.append(_frac(f.value))
-            elif f.kind == OTHER:
+            elif f.kind in (OTHER, WEIGHT):
                 parts.append(f"÷ {f.text}" if f.power < 0 else f"× {f.text}")
+        if not parts or parts[0].startswith(("×", "÷")):
+            parts.insert(0, "1")
         if self.by(SCALER):
             parts.append("× scaler scale")
-        return " ".join(parts) if parts else "1"
+        return " ".join(parts)
 
 
 def _sup(k: int) -> str:
@@ -466,13 +474,11 @@ def window_weights(trace: Trace) -> list:
         bws = [b for b in w.backwards if b.certain]
         if any(not b.certain for b in w.backwards) or any(e.kind == "rescale" for e in w.events):
             continue
-        if len(bws) != trace.n or any(b.scale is None or not b.scale.known for b in bws):
+        if len(bws) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
             continue
-        if any(b.scale.by(ACCUM_USER) or b.scale.by(ACCUM_FRAMEWORK) for b in bws):
-            continue
-        vals = [b.scale.value(trace.n) for b in bws]
-        if all(v == 1 for v in vals):
-            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × 1 each, `{w.step.name}` after the "
+        if all(all(f.kind != CONST or f.value == 1 for f in b.scale.factors) for b in bws):
+            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × {bws[0].scale.text(trace.n)} each (nothing divides by "
+                   f"{trace.n_text}), `{w.step.name}` after the "
                    f"{ordinal(len(bws))} → the update is the sum of {len(bws)} micro-batch gradients, "
                    f"{len(bws)}× the window's mean")
             out.append(Violation("BL103", bws[0], msg, {"sum": len(bws)}))

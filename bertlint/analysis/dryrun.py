@@ -46,6 +46,7 @@ from bertlint import trace as T
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 
 REPRESENTATIVE_N = 4
+PER_LOOP = frozenset({"BL101", "BL103", "BL107"})
 MAX_SPLITS = 4
 BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
 
@@ -138,7 +139,9 @@ class LoopRun:
             tr.line = self.dr.line(self.loop.node)
 
     def violations(self, code: str) -> list:
-        """(violation, trace) pairs of one rule over every configuration, one per line."""
+        """(violation, trace) pairs of one rule over every configuration, one per line (one per loop for the
+        rules about the loop's single window structure: the same mistake seen in two configurations, e.g. the
+        scaler and the plain backward of ``if use_amp: … else: …``, is one finding)."""
         out = []
         seen = set()
         for tr in self.traces:
@@ -146,7 +149,7 @@ class LoopRun:
                 continue
             for v in T.check(tr, code):
                 self.dr_fill(v, tr)
-                key = (v.code, v.event.line)
+                key = (v.code, v.event.line) if code not in PER_LOOP else (v.code,)
                 if key in seen:
                     continue
                 seen.add(key)
@@ -168,6 +171,10 @@ class FileDryRun:
         self._defs: dict = {}
         self._nc: dict = {}
         self._rel: dict = {}
+        try:
+            self.roles = ctx.roles
+        except Exception:  # roles unavailable: the loop model's receiver table alone
+            self.roles = None
         self._inside: dict = {}
         for loop in self.f:
             try:
@@ -270,7 +277,16 @@ def of(ctx) -> FileDryRun:
 # initialize unpacking, and name hints). Everything role-related goes through these two functions.
 
 
-def _role(f, recv: Optional[str]) -> tuple[Optional[str], bool]:
+def _role(f, recv: Optional[str], roles=None, scope=None) -> tuple[Optional[str], bool]:
+    """(kind, confident) of a receiver: roles from usage (``ctx.roles``) first, then the loop model's constructor
+    table and name hints."""
+    if roles is not None and recv:
+        try:
+            k, conf = roles.legacy_kind(recv, scope)
+        except Exception:
+            k, conf = None, False
+        if k is not None and k not in ("other", "model", "dataloader", "pipeline", "trainer", "lightning_module"):
+            return k, conf
     return f.receiver_kind(recv)
 
 
@@ -362,6 +378,7 @@ class _Runner:
         self._cur_block: list = []
         self.depth = 0
         self.in_micro = 0
+        self.roles = dr.roles
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -470,7 +487,7 @@ class _Runner:
         """Values bound to the loop target per iteration (None: unknown), at most ``count``."""
         if not isinstance(node, cst.For):
             return [None] * count
-        it = node.iter
+        it = _unwrap_iter(node.iter)
         tgt = node.target
         inner = it
         name = call_name(it) if isinstance(it, cst.Call) else None
@@ -637,7 +654,7 @@ class _Runner:
                 attr = e.func.attr.value
                 recv = dotted(e.func.value)
                 if attr == "accumulate" and recv is not None:
-                    k, _ = _role(self.f, recv)
+                    k, _ = _role(self.f, recv, self.roles, frame.func)
                     if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
                         acc = True
                         self._enter_accumulate()
@@ -1000,7 +1017,12 @@ class _Runner:
                 return Tensor(_times(t.scale, self._factor(o, rn, 1, whole)), t.graph, t.node)
             if op in (cst.Add, cst.Subtract):
                 if isinstance(a, Tensor) and isinstance(b, Tensor):
-                    return Tensor(a.scale if a.scale == b.scale else None, a.graph or b.graph, a.node)
+                    if a.scale == b.scale:
+                        return Tensor(a.scale, a.graph or b.graph, a.node)
+                    if a.scale is not None and b.scale is not None and a.scale.n_free and b.scale.n_free:
+                        # a weighted sum of losses, none divided by N
+                        return Tensor(T.Scale((T.Factor(T.WEIGHT, "a weighted sum of losses"),)), True, a.node)
+                    return Tensor(None, a.graph or b.graph, a.node)
                 t = a if isinstance(a, Tensor) else b
                 if a is None or isinstance(a, (Num,)) and a.v == 0:
                     return b
@@ -1042,6 +1064,8 @@ class _Runner:
             return T.Factor(T.CONST, text, value=Fraction(v.v) ** power if v.v else None, node=whole)
         if isinstance(v, Num) and v.is_n:
             return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
+        if power > 0 and isinstance(v, _Unk) and v.inv:
+            return T.Factor(T.WEIGHT, text, power=power, node=whole)  # ``loss * args.alpha``
         return T.Factor(T.OTHER, text, power=power, node=whole)
 
     def _compare(self, e: cst.Comparison, frame):
@@ -1070,7 +1094,7 @@ class _Runner:
         bstyle = _backward_style(f, call)
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
-        rkind, conf = _role(f, recv) if recv else (None, False)
+        rkind, conf = _role(f, recv, self.roles, frame.func) if recv else (None, False)
         # arguments first (calls inside them run first)
         argv = []
         if attr not in ("step",) or rkind not in ("optimizer", "ds_optimizer"):
@@ -1343,6 +1367,22 @@ def _scaler_enabled(f) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _unwrap_iter(it):
+    """``tqdm(enumerate(loader))`` / ``logger.log_every(range(n), ...)``: the enumerate / range inside a wrapper."""
+    seen = 0
+    cur = it
+    while isinstance(cur, cst.Call) and seen < 3:
+        name = call_name(cur) or ""
+        if name in ("enumerate", "range"):
+            return cur
+        a0 = positional(cur, 0)
+        if not isinstance(a0, cst.Call):
+            return it
+        cur = a0
+        seen += 1
+    return cur if isinstance(cur, cst.Call) and (call_name(cur) or "") in ("enumerate", "range") else it
 
 
 def _merge(now: dict, before: dict) -> None:
