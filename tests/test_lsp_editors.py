@@ -110,3 +110,85 @@ def test_emacs_eglot_snippet(tmp_path):
     actions = [ln[len("ACTION "):] for ln in lines if ln.startswith("ACTION ")]
     assert any(a.startswith("Fix BL206") for a in actions) and "Suppress with `# noqa: BL206`" in actions
     assert 'LINE scaler = torch.amp.GradScaler("cuda")' in lines
+
+
+# ------------------------------------------------------------------------------------------------ Neovim
+
+NVIM_PROBE = r"""
+local out = {}
+local function say(s) table.insert(out, s) end
+local ok = vim.wait(60000, function() return #vim.diagnostic.get(0) >= 2 end, 100)
+say("WAITED " .. tostring(ok))
+for _, d in ipairs(vim.diagnostic.get(0)) do
+  local code = d.code or (d.user_data and d.user_data.lsp and d.user_data.lsp.code) or "?"
+  say(string.format("DIAG %d %s", d.lnum + 1, tostring(code)))
+end
+local params = {
+  textDocument = vim.lsp.util.make_text_document_params(),
+  range = { start = { line = 0, character = 0 }, ["end"] = { line = 0, character = 0 } },
+  context = { diagnostics = {}, only = { "source.fixAll.bertlint" } },
+}
+local res = vim.lsp.buf_request_sync(0, "textDocument/codeAction", params, 20000) or {}
+for _, r in pairs(res) do
+  for _, a in ipairs(r.result or {}) do
+    say("ACTION " .. a.title)
+    if a.edit then vim.lsp.util.apply_workspace_edit(a.edit, "utf-16") end
+  end
+end
+vim.cmd("silent write")
+vim.fn.writefile(out, os.getenv("BERTLINT_E2E_OUT"))
+vim.cmd("qall!")
+"""
+
+
+def _nvim_version(nvim: str) -> tuple[int, int] | None:
+    import re
+
+    r = subprocess.run([nvim, "--version"], capture_output=True, text=True, timeout=30)
+    m = re.search(r"NVIM v(\d+)\.(\d+)", r.stdout)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _readme_lua(heading: str) -> str:
+    """The README's Lua block under ``heading`` (the snippet tested is the one users copy)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    at = text.index(heading)
+    start = text.index("```lua\n", at) + len("```lua\n")
+    return text[start : text.index("```", start)]
+
+
+@pytest.mark.timeout(150)
+def test_neovim_snippet_headless(tmp_path):
+    nvim = shutil.which("nvim")
+    if nvim is None:
+        pytest.skip("neovim is not installed (CI installs it with apt where it can)")
+    version = _nvim_version(nvim)
+    if version is None or version < (0, 7):
+        pytest.skip(f"neovim {version} is older than the README's recipes (0.7)")
+    bindir = Path(sys.executable).parent
+    if not (bindir / "bertlint").exists():
+        pytest.skip("the bertlint console script is not installed next to this interpreter")
+    heading = "**Neovim 0.11 and later**" if version >= (0, 11) else "**Neovim 0.7 to 0.10**"
+    snippet = _readme_lua(heading)
+    init = tmp_path / "init.lua"
+    init.write_text("vim.cmd('filetype on')\n" + snippet)
+    probe = tmp_path / "probe.lua"
+    probe.write_text(NVIM_PROBE)
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    out_file = tmp_path / "out.txt"
+    env = dict(os.environ, BERTLINT_E2E_OUT=str(out_file), PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+               HF_HUB_OFFLINE="1", XDG_STATE_HOME=str(tmp_path / "state"), XDG_DATA_HOME=str(tmp_path / "data"))
+    r = subprocess.run(
+        [nvim, "--headless", "-n", "-i", "NONE", "-u", str(init), str(path), "-c", f"luafile {probe}"],
+        capture_output=True, text=True, timeout=140, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )
+    assert out_file.exists(), f"neovim did not finish the probe: {r.stdout[-2000:]} {r.stderr[-2000:]}"
+    lines = out_file.read_text().splitlines()
+    log = "\n".join(lines) + r.stderr[-2000:]
+    assert "WAITED true" in lines, log
+    assert "DIAG 6 BL206" in lines and "DIAG 11 BL101" in lines, log
+    assert "ACTION Fix all safe bertlint problems" in lines, log
+    fixed = path.read_text()
+    assert 'scaler = torch.amp.GradScaler("cuda")' in fixed and "torch.cuda.amp" not in fixed, fixed
+    assert "        optimizer.step()\n" in fixed  # the unsafe BL101 fix is not part of fix-all
