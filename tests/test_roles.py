@@ -436,3 +436,53 @@ def test_latest_rebinding_wins_a_tie_and_factories_by_import():
     assert r.role("ema_unet", main) == "other"
     o = r.of("optimizer", main)
     assert o.role == "optimizer" and o.confident and o.evidence[0].kind == "import"
+
+
+def test_loop_elements_zip_enumerate_comprehensions_and_appends():
+    t, r = _roles("""
+        import torch
+        def main(models, get_lr):
+            optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
+            schedulers = [torch.optim.lr_scheduler.LambdaLR(o, get_lr) for o in optimizers]
+            for opt, sched in zip(optimizers, schedulers):
+                opt.step()
+                sched.step()
+            extra = []
+            extra.append(torch.optim.lr_scheduler.StepLR(optimizers[0], 10))
+            for i, s in enumerate(extra):
+                s.step()
+            one = extra[0]
+    """)
+    main = _fn(t, "main")
+    assert r.role("opt", main) == "optimizer" and r.of("opt", main).confident
+    assert r.role("sched", main) == "scheduler" and r.of("sched", main).confident
+    assert r.role("s", main) == "scheduler" and r.of("s", main).confident
+    assert r.role("one", main) == "scheduler"
+
+
+def test_lightning_manual_optimization_and_generic_instantiate():
+    t, r = _roles("""
+        import torch
+        import lightning as L
+        from omegaconf import instantiate
+        class Lit(L.LightningModule):
+            def training_step(self, batch, idx):
+                g_opt, d_opt = self.optimizers()
+                g_sch, d_sch = self.lr_schedulers()
+                g_opt.step()
+                g_sch.step()
+        class Runner:
+            def __init__(self, model, cfg):
+                self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                self.sched = self._setup_sched(cfg)
+            def _setup_sched(self, cfg):
+                s = instantiate(cfg, self.opt)
+                return s
+            def step(self):
+                self.opt.step()
+                self.sched.step()
+    """)
+    ts = _fn(t, "training_step")
+    assert r.role("g_opt", ts) == "optimizer" and r.of("g_opt", ts).wrapped_by == "lightning"
+    assert r.role("d_sch", ts) == "scheduler"
+    assert r.role("self.sched", _fn(t, "step")) == "scheduler"

@@ -584,10 +584,10 @@ class Roles:
                 if n and n != "_":
                     self._add((self._sid_for(n, func), n), _Binding("unpack", call, call, func, i, seq=useq.get(id(call), 0)))
         for node, func, _ in t.loop_nodes:
-            if isinstance(node, cst.For) and isinstance(node.target, (cst.Name, cst.Attribute)):
-                n = dotted(node.target)
-                if n:
-                    self._add((self._sid_for(n, func), n), _Binding("iter", node.iter, node, func))
+            if not isinstance(node, cst.For):
+                continue
+            for n, it in _loop_elements(node.target, node.iter):
+                self._add((self._sid_for(n, func), n), _Binding("iter", it, node, func))
         # call sites of the file's own functions / classes (parameters take their arguments' roles)
         self._appends: dict[str, list] = {}
         for call, name, func in t.calls:
@@ -784,6 +784,7 @@ class Roles:
                 m = (model_calls or stmt_model)[0]
                 self._ev(key, "usage", "model", f"`{path}.{m}(...)`", ms[m][0], weak=True)
         self._bw_funcs = bw_funcs
+        self._methods = methods
         for call, func in t.backward_calls:
             self._loss_sources(call, func)
 
@@ -933,7 +934,9 @@ class Roles:
         c = classify_qualname(q) if q else None
         if c is not None and c[0] == "scheduler" and c[1] != "import":
             opt_arg = kwarg(call, "optimizer")
-            if opt_arg is None:
+            if opt_arg is None and (q.startswith("torch.optim.") or (q.split(".")[0] in ("transformers", "diffusers")
+                                                                     and last.startswith("get_"))):
+                # torch schedulers and transformers/diffusers get_*schedule*(optimizer, ...) / get_scheduler(name, optimizer)
                 opt_arg = positional(call, 1 if last == "get_scheduler" else 0)
             k = self._arg_key(opt_arg, func)
             if k:
@@ -1004,6 +1007,16 @@ class Roles:
                     ev.append(Evidence("constructor", _FAMILY_ROLE[fam], f"`self` in a subclass of {base}", cls, base))
         if not ev and "." in path:
             ev.extend(self._attr_of_role(path, sid, depth))
+        if not any(e.kind != "name" for e in ev):
+            ms = self._methods.get(key, {})
+            if "step" in ms and "zero_grad" not in ms and "backward" not in ms:
+                for b in self._bind.get(key, [])[:4]:
+                    if b.kind == "assign" and isinstance(b.value, cst.Call):
+                        opt = self._optimizer_arg(b.value, b.scope, 0)
+                        if opt:
+                            ev.append(Evidence("usage", "scheduler", f"built on the optimizer `{opt}` and stepped "
+                                               f"(`{path}.step()`), never zeroed", b.value))
+                            break
         if not any(e.kind != "name" for e in ev):
             h = name_hint(path)
             if h:
@@ -1102,6 +1115,12 @@ class Roles:
             if roles and all(r is not None and r.confident for r in roles) and len({r.role for r in roles}) == 1:
                 return [Evidence("usage", roles[0].role, f"element of `{_code(it)}`", it)]
             return []
+        if isinstance(it, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+            r = decide(self._expr_evidence(it.elt, scope, depth + 1))
+            if r is not None and r.confident:
+                return [Evidence("usage", r.role, f"element of `[{_code(it.elt)} for ...]`", it, r.qualname,
+                                 r.wrapped_by)]
+            return []
         if isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) and it.func.attr.value == "values" and depth < 6:
             return []
         d = dotted(it)
@@ -1111,6 +1130,14 @@ class Roles:
             for b in self._bind.get(key, []):
                 if b.kind == "assign" and b.value is not None:
                     out.extend(self._element_evidence(b.value, b.scope, depth + 1))
+            # ``schedulers = []; schedulers.append(s)``: the appended things
+            roles = []
+            for call, func in self._appends.get(d, ())[:6]:
+                if (call_name(call) or "").endswith(".append"):
+                    roles.append(decide(self._expr_evidence(call.args[0].value, func, depth + 1)))
+            if roles and all(r is not None and r.confident for r in roles) and len({r.role for r in roles}) == 1:
+                out.append(Evidence("usage", roles[0].role, f"appended to `{d}`", it, roles[0].qualname,
+                                    roles[0].wrapped_by))
             return out
         return []
 
@@ -1134,6 +1161,9 @@ class Roles:
             if idx is not None:
                 return self._call_evidence(expr.value, scope, idx, depth + 1)
             return []
+        if isinstance(expr, cst.Subscript) and dotted(expr.value) and len(expr.slice) == 1 and \
+                isinstance(expr.slice[0].slice, cst.Index):
+            return self._element_evidence(expr.value, scope, depth + 1)  # ``schedulers[i]``
         if isinstance(expr, cst.Await):
             return self._expr_evidence(expr.expression, scope, depth + 1)
         d = dotted(expr)
@@ -1167,6 +1197,13 @@ class Roles:
         recv = dotted(recv_expr) if recv_expr is not None else None
         ev: list = []
 
+        # --- LightningModule.optimizers() / .lr_schedulers() (manual optimization)
+        if recv == "self" and last in ("optimizers", "lr_schedulers"):
+            cls = self._class_of(scope)
+            if cls is not None and self.class_family(cls) == "lightning_module":
+                role = "optimizer" if last == "optimizers" else "scheduler"
+                return [Evidence("constructor", role, f"`self.{last}()` of a LightningModule", call,
+                                 "lightning.LightningModule." + last, "lightning")]
         # --- pass-through wrappers: prepare / setup / initialize / compile / .to() ...
         if last in ("prepare", "setup") and recv and index is not None or (last == "prepare" and recv):
             rr = self._path_role(recv, scope) if recv else None
@@ -1325,6 +1362,35 @@ class Roles:
         if _OPT_FACTORY.match(last) and params is not None and self._is_params(params, scope, 0):
             return [Evidence("usage", "optimizer", f"`{name}(...)` built from model parameters", call, q or None)]
         return []
+
+    def _optimizer_arg(self, call: cst.Call, scope: Scope, depth: int) -> Optional[str]:
+        """An optimizer this call is built on (an argument), through a same-file factory's return; else None."""
+        if depth > 3:
+            return None
+        name = call_name(call) or ""
+        if name.split(".")[-1] in ("prepare", "setup", "initialize", "step", "unscale_", "clip_grad_norm_",
+                                   "state_dict", "load_state_dict") or _PARAM_UTILS.search(name.split(".")[-1]):
+            return None
+        for a in call.args:
+            d = dotted(a.value)
+            if d:
+                r = self._path_role(d, scope)
+                if r is not None and r.role == "optimizer" and r.confident:
+                    return d
+        target = self._callee_def(call, scope)
+        if target is not None:
+            fn = target[0]
+            for ret in self.t.returns.get(id(fn), [])[:3]:
+                v = ret
+                dn = dotted(ret)
+                if dn:
+                    bs = [b for b in self._bind.get((self._sid_for(dn, fn), dn), []) if b.kind == "assign"]
+                    v = bs[0].value if len(bs) == 1 else None
+                if isinstance(v, cst.Call):
+                    got = self._optimizer_arg(v, fn, depth + 1)
+                    if got:
+                        return got
+        return None
 
     def _is_params(self, e: Optional[cst.BaseExpression], scope: Scope, depth: int) -> bool:
         """Model parameters: ``m.parameters()``, ``filter(..., m.parameters())``, a comprehension over
@@ -1530,6 +1596,27 @@ def _params(fn: cst.FunctionDef) -> list[cst.Param]:
         pass
     out.extend(p.kwonly_params)
     return out
+
+
+def _loop_elements(target: cst.BaseExpression, it: cst.BaseExpression) -> list:
+    """(name, iterable whose elements it takes) for a for-loop target: ``for o in opts``, ``for i, o in
+    enumerate(opts)``, ``for o, s in zip(opts, scheds)``."""
+    d = dotted(target)
+    if d:
+        return [(d, it)]
+    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(it, cst.Call):
+        return []
+    name = call_name(it) or ""
+    els = [e.value for e in target.elements]
+    args = [a.value for a in it.args if a.keyword is None and not a.star]
+    if name == "enumerate" and len(els) == 2 and args:
+        return _loop_elements(els[1], args[0])
+    if name == "zip" and len(els) == len(args):
+        out: list = []
+        for e, a in zip(els, args):
+            out.extend(_loop_elements(e, a))
+        return out
+    return []
 
 
 def _target_names(t: cst.BaseExpression) -> list[str]:
