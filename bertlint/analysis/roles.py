@@ -423,6 +423,10 @@ class _Binding:
     seq: int = 0  # source order (SymbolTable's Assignment.seq); 0 for parameters and loop targets
 
 
+# callee names _handed_to reads (besides scheduler-like ones)
+_HANDED_LAST = frozenset({"step", "unscale_", "initialize", "DistributedDataParallel", "DDP", "FullyShardedDataParallel",
+                          "FSDP", "DataParallel", "fully_shard", "compile", "setup", "accumulate", "clip_grad_norm_",
+                          "clip_grad_value_"})
 _ACCEL_METHODS = frozenset({"prepare", "unwrap_model", "gather_for_metrics", "prepare_model", "prepare_optimizer",
                             "prepare_scheduler", "prepare_data_loader", "wait_for_everyone",
                             "init_trackers", "end_training", "register_for_checkpointing", "skip_first_batches"})
@@ -590,9 +594,14 @@ class Roles:
                 self._add((self._sid_for(n, func), n), _Binding("iter", it, node, func))
         # call sites of the file's own functions / classes (parameters take their arguments' roles)
         self._appends: dict[str, list] = {}
+        method_names = {m for ms in t.class_methods.values() for m in ms}
+        def_names = set(t.functions) | set(t.classes)
         for call, name, func in t.calls:
-            if name.endswith((".append", ".extend")) and call.args:
+            last = name.rpartition(".")[2]
+            if (last == "append" or last == "extend") and call.args:
                 self._appends.setdefault(name.rsplit(".", 1)[0], []).append((call, func))
+            if last not in method_names and last not in def_names:
+                continue  # cannot be a call of this file's own function / method / class
             target = self._callee_def(call, func)
             if target is not None:
                 fn, offset = target
@@ -910,8 +919,10 @@ class Roles:
         return (self._sid_for(d, func), d)
 
     def _handed_to(self, call: cst.Call, name: str, func: Scope) -> None:
+        last = name.rpartition(".")[2]
+        if last not in _HANDED_LAST and not _SCHED_CLASS.search(last) and not last.startswith("get_"):
+            return
         q = self.t.qualname(call.func) or name
-        last = name.split(".")[-1]
         recv = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
         a0 = positional(call, 0)
         if last in ("step", "unscale_") and recv and len(call.args) == 1 and a0 is not None and recv != "self":
