@@ -424,6 +424,11 @@ def main(argv=None) -> int:
         n = c["hit"] + c["miss"]
         print(f"  {k:<11} files {c['buggy']} buggy / {c['correct']} correct  recall {c['hit']}/{n} ({pct(c['hit'], n)})"
               f"  FP {c['fp']}  EXTRA-fp {c['extra_fp']}")
+    slow = sorted(((r["seconds"], e["local"]) for e, r in zip(entries, results)), reverse=True)[:3]
+    if slow:
+        cpu = sum(r["seconds"] for r in results)
+        print(f"lint time: {cpu:.1f} s summed over entries; slowest: "
+              + ", ".join(f"{name} {sec:.1f} s" for sec, name in slow))
     if o.json:
         with open(o.json, "w", encoding="utf-8") as f:
             json.dump({"entries": per_entry_json, "totals": dict(tot),
