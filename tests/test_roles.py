@@ -486,3 +486,41 @@ def test_lightning_manual_optimization_and_generic_instantiate():
     assert r.role("g_opt", ts) == "optimizer" and r.of("g_opt", ts).wrapped_by == "lightning"
     assert r.role("d_sch", ts) == "scheduler"
     assert r.role("self.sched", _fn(t, "step")) == "scheduler"
+
+
+def test_literals_and_string_parameters_are_not_the_thing():
+    t, r = _roles("""
+        from transformers import AutoModel
+        def main(optimizer="adamw", scheduler: str = None):
+            model = "bert-base-uncased"
+            model = AutoModel.from_pretrained(model)
+            model_name = "x"
+            opt = optimizer
+    """)
+    main = _fn(t, "main")
+    assert r.role("optimizer", main) == "other"
+    assert r.role("scheduler", main) == "other"
+    assert r.role("model", main) == "model"
+
+
+def test_param_groups_from_filtered_named_parameters_unknown_constructor():
+    t, r = _roles("""
+        from myproject.optim import make_it
+        from lamb import Lamb
+        def main(model, args):
+            no_decay = ["bias", "LayerNorm.weight"]
+            grouped = [
+                {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
+                 "weight_decay": args.wd},
+                {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)],
+                 "weight_decay": 0.0},
+            ]
+            opt = Lamb(grouped, lr=args.lr)
+            n = sum(p.numel() for p in model.parameters())
+            clip = make_it(model.parameters())
+    """)
+    main = _fn(t, "main")
+    o = r.of("opt", main)
+    assert o.role == "optimizer" and o.confident and "model parameters" in o.why
+    assert r.role("n", main) is None
+    assert r.role("clip", main) is None  # built from parameters, but nothing says it optimizes

@@ -1053,6 +1053,8 @@ class Roles:
             ("trainer", "lr_scheduler"): "scheduler",
             ("accelerator", "scaler"): "grad_scaler",
             ("lightning_module", "model"): None,
+            ("lightning_module", "trainer"): "trainer",
+            ("trainer", "accelerator"): "accelerator",
         }
         role = table.get((r.role, attr))
         if role:
@@ -1070,6 +1072,8 @@ class Roles:
             return []
         if b.kind == "unpack" and isinstance(b.value, cst.Call):
             return self._call_evidence(b.value, b.scope, b.index, depth + 1, before=b.seq)
+        if b.kind == "assign" and _is_plain_literal(b.value) and not _is_none(b.value):
+            return [Evidence("constructor", "other", f"`{path} = {_code(b.value)}`", b.node)]
         return self._expr_evidence(b.value, b.scope, depth + 1, before=b.seq)
 
     def _param_evidence(self, b: _Binding, path: str, depth: int) -> list:
@@ -1089,6 +1093,10 @@ class Roles:
                     fam, base = self._class_info(self.t.classes[q], 0)
                     if fam in _FAMILY_ROLE:
                         ev.append(Evidence("annotation", _FAMILY_ROLE[fam], f"annotated `{q}` ({base})", p, base))
+                elif q in _PLAIN_TYPES:
+                    ev.append(Evidence("annotation", "other", f"annotated `{q}`", p, q))
+        if p.default is not None and _is_plain_literal(p.default):
+            ev.append(Evidence("import", "other", f"defaults to `{_code(p.default)}`", p))
         if fn is None:
             return ev
         name = p.name.value
@@ -1648,6 +1656,20 @@ def _comp_iters(e) -> list:
         out.append(f.iter)
         f = f.inner_for_in
     return out
+
+
+_PLAIN_TYPES = frozenset({"str", "int", "float", "bool", "dict", "list", "tuple", "Optional[str]"})
+
+
+def _is_plain_literal(e: cst.BaseExpression) -> bool:
+    """A string / number / bool literal (or an f-string): known not to be a model, an optimizer ..."""
+    if isinstance(e, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Integer, cst.Float)):
+        return True
+    if isinstance(e, cst.Name) and e.value in ("True", "False"):
+        return True
+    if isinstance(e, cst.UnaryOperation) and isinstance(e.expression, (cst.Integer, cst.Float)):
+        return True
+    return False
 
 
 def _is_none(e: cst.BaseExpression) -> bool:
