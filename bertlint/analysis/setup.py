@@ -364,6 +364,33 @@ def project_class(base_dir: str, module: str, name: str, level: int = 0, depth: 
     return None
 
 
+def project_chain(base_dir: str, table, imap: dict, cls: cst.ClassDef, depth: int = 0) -> list:
+    """``cls`` and the classes it derives from in this file and in the project's files, nearest first."""
+    out = [cls]
+    if depth > 8:
+        return out
+    for b in cls.bases:
+        if b.keyword is not None:
+            continue
+        d = dotted(b.value) or ""
+        q = table.qualname(b.value)
+        if q is None and d in table.classes and table.classes[d] is not cls:
+            out.extend(project_chain(base_dir, table, imap, table.classes[d], depth + 1))
+            continue
+        head = d.split(".")[0]
+        found = None
+        if head in imap and "." not in d:
+            m, n, lv = imap[head]
+            found = project_class(base_dir, m, n, lv)
+        elif q and "." in q and q.split(".")[0] not in _FRAMEWORK_HEADS:
+            mod, _, n = q.rpartition(".")
+            found = project_class(base_dir, mod, n, 0)
+        if found is not None:
+            pcls, ptable, pimap, pdir = found
+            out.extend(project_chain(pdir, ptable, pimap, pcls, depth + 1))
+    return out
+
+
 def framework_base(base_dir: str, table, imap: dict, cls: cst.ClassDef, pattern, depth: int = 0) -> Optional[str]:
     """The framework class (its qualified name) that ``cls``'s bases reach and that ``pattern`` matches, through the
     file's own classes and classes imported from the project's files; None when none does (or it cannot be read)."""
@@ -777,6 +804,20 @@ class _Builder:
             return None
         pcls, ptable, pimap, pdir = found
         return framework_base(pdir, ptable, pimap, pcls, pattern)
+
+    def project_class_of(self, expr: cst.BaseExpression):
+        """(ClassDef, table, import map, folder) of a class imported from the project (``expr`` names it)."""
+        d = dotted(expr) or ""
+        imap = self._imports_map()
+        head = d.split(".")[0]
+        if head in imap and "." not in d:
+            m, n, lv = imap[head]
+            return project_class(self.dir, m, n, lv)
+        q = self.qual(expr)
+        if q and "." in q and q.split(".")[0] not in _FRAMEWORK_HEADS:
+            mod, _, n = q.rpartition(".")
+            return project_class(self.dir, mod, n, 0)
+        return None
 
     def base_reaches(self, cls: cst.ClassDef, pattern) -> Optional[str]:
         """The framework class ``cls`` (a class of this file) derives from, through this file and the project."""
@@ -1349,8 +1390,15 @@ class _Builder:
         name, sub = tc
         ti = TrainerInfo(site.call, site.stmt, site.targets[0] if len(site.targets) == 1 and site.targets[0] else None,
                          site.func, class_name=name, subclass=sub)
+        chain = []
         if sub is not None:
-            for cls in reversed(self._class_chain(name)):
+            chain = project_chain(self.dir, self.t, self._imports_map(), sub)
+        else:
+            found = self.project_class_of(site.call.func)
+            if found is not None:
+                chain = project_chain(found[3], found[1], found[2], found[0])
+        if chain:
+            for cls in reversed(chain):
                 body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
                 for stmt in body:
                     if isinstance(stmt, cst.FunctionDef):

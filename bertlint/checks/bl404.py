@@ -10,6 +10,8 @@ treats the returned per-micro-batch mean as already scaled and does not divide i
 
 from __future__ import annotations
 
+import re
+
 from bertlint.checks._trainer import calls_super_compute_loss, param_names, reads_name
 from bertlint.analysis.symbols import code_of
 from bertlint.analysis.versions import severity_for
@@ -62,33 +64,111 @@ def check(ctx) -> None:
                     severity=severity_for(Severity.ERROR, tv),
                 )
             continue
-        # (b) the override computes its own mean loss and the Trainer will not divide it
-        if not tv.at_least("5.0.0") or fs.disables_loss_kwargs:
+        # (b) the override computes its own loss and never normalises by num_items_in_batch
+        _check_unscaled(ctx, fs, tv, cname, methods, fdef)
+
+
+# trl trainers whose batches carry no `labels` (preference / RL data): the Trainer computes no num_items_in_batch
+# and divides by the accumulation steps itself
+_NO_LABEL_TRAINERS = re.compile(r"(DPO|KTO|ORPO|CPO|PPO|GRPO|RLOO|Reward|BCO|Online|XPO|Nash|PRM|GKD)\w*Trainer$")
+
+
+def _check_unscaled(ctx, fs, tv, cname, methods, fdef) -> None:
+    """The Trainer skips its own division by the accumulation steps when the model handed to it accepts loss kwargs
+    (``forward(..., **kwargs)``: ``model_accepts_loss_kwargs``) and the batch has labels (``num_items_in_batch`` is
+    not None): transformers ≥ 4.48 for causal-LM heads and models of the script that take ``**kwargs``, every
+    BERT-family task head from 5.0 (REFERENCE §1.1-1.2, ``exp_trainer_compute_loss_override.out`` O2). An override
+    that returns its own per-micro-batch loss and never reads ``num_items_in_batch`` then trains on the sum of N
+    micro-batch losses. Keyed on what the override does and the target version; the model and N are read from the
+    constructions of the class in this file when there are some, else stated as the verdict's assumption."""
+    if not tv.at_least("4.48.0") or fs.disables_loss_kwargs:
+        return
+    if calls_super_compute_loss(fdef) or reads_name(fdef, "num_items_in_batch"):
+        return
+    p = fdef.params
+    if p.star_kwarg is not None and reads_name(fdef, p.star_kwarg.name.value):
+        return
+    body = code_of(fdef)
+    if "gradient_accumulation_steps" in body or "accepts_loss_kwargs" in body or "loss_is_scaled_for_ga" in body:
+        return  # divides by N itself (correct for these models: O4), or switches the Trainer's division on
+    cls = ctx.symbols.classes.get(cname)
+    if cls is not None:
+        text = code_of(cls)
+        if "loss_is_scaled_for_ga" in text or "model_accepts_loss_kwargs" in text or "accepts_loss_kwargs" in text:
+            return
+        base = _framework_base(ctx, cls)
+        if base and _NO_LABEL_TRAINERS.search(base.split(".")[-1]):
+            return
+    built = [ti for ti in fs.trainers if ti.class_name == cname]
+    verdicts = []  # (affected: True/None, model text, N or None, N text)
+    for ti in built:
+        if ti.loss_scaling_override or ti.compute_loss_func is not None:
+            return
+        n = ti.args.int("gradient_accumulation_steps") if ti.args is not None else None
+        if n is not None and n <= 1:
+            continue  # no accumulation at this construction
+        affected, what = _model_takes_loss_kwargs(ti.model, tv)
+        if affected is False:
             continue
-        if calls_super_compute_loss(fdef) or reads_name(fdef, "num_items_in_batch"):
-            continue
-        body = code_of(fdef)
-        if "gradient_accumulation_steps" in body:
-            continue  # divides by N itself: correct on 5.x for these heads (O4)
-        for ti in fs.trainers:
-            if ti.class_name != cname or ti.args is None or ti.model is None:
-                continue
-            n = ti.args.int("gradient_accumulation_steps")
-            if n is None or n <= 1 or ti.loss_scaling_override or ti.compute_loss_func is not None:
-                continue
-            if ti.model.family is None or ti.model.head is None:
-                f = ti.model.forward  # a model class of the script: its forward must take **kwargs and labels
-                if f is None or f.params.star_kwarg is None or "labels" not in {
-                        x.name.value for x in (*f.params.params, *f.params.kwonly_params)}:
-                    continue
-            ctx.report(
-                fdef.name,
-                f"`{cname}.compute_loss` returns a per-micro-batch loss and never reads `num_items_in_batch`, but "
-                f"`{ti.model.class_name}` accepts `**kwargs` on {tv.describe()}, so the Trainer treats the returned "
-                f"loss as already scaled and does not divide it by gradient_accumulation_steps={n}: loss and "
-                f"gradients are {n}× too large. Fix: return `loss_sum / num_items_in_batch`, or set "
-                f"`loss_is_scaled_for_ga = False` on `{cname}` (≥ 5.19) / `trainer.model_accepts_loss_kwargs = "
-                f"False` so the Trainer divides by N.",
-                severity=severity_for(Severity.ERROR, tv),
-            )
-            break
+        ntext = (f"gradient_accumulation_steps={n}" if n is not None else
+                 "gradient_accumulation_steps > 1 (its value is not known statically)")
+        verdicts.append((affected, what, n, ntext))
+    if built and not verdicts:
+        return  # every construction here is safe (no accumulation, or a model without **kwargs)
+    if not verdicts:
+        verdicts = [(None, None, None, "gradient_accumulation_steps > 1")]
+    affected, what, n, ntext = verdicts[0]
+    certain = affected is True and n is not None and not tv.assumed
+    heads = ("every causal-LM head (`*ForCausalLM`) from transformers 4.48, every BERT-family task head on 5.x, or "
+             "a model class of yours whose `forward` takes `**kwargs`")
+    if what:
+        assumes = f"The model given to it here is {what}."
+    else:
+        assumes = (f"This assumes the model it is given declares `**kwargs` in `forward` ({heads}) and batches "
+                   f"with `labels`; with another model the Trainer divides by N itself and this is fine.")
+    times = f"{n}×" if n is not None else "N×"
+    ctx.report(
+        fdef.name,
+        f"`{cname}.compute_loss` returns its own per-micro-batch loss and never reads `num_items_in_batch`; on "
+        f"{tv.describe()} the Trainer then treats the returned loss as already normalised (the model accepts loss "
+        f"kwargs and the batch has labels) and does not divide it by the accumulation steps: with {ntext} each "
+        f"optimizer step applies the sum of the micro-batch losses, {times} too large (logged loss too). {assumes} "
+        f"Fix: return `loss_sum / num_items_in_batch` (token-exact), or set `trainer.model_accepts_loss_kwargs = "
+        f"False` (or class attribute `loss_is_scaled_for_ga = False` on ≥ 5.19) so the Trainer divides by N.",
+        severity=Severity.ERROR if certain else Severity.WARNING,
+        data={"kind": "unscaled_override", "accumulation": n, "transformers": tv.text,
+              "version_source": tv.source, "assumed_model": what is None},
+    )
+
+
+def _framework_base(ctx, cls):
+    try:
+        roles = ctx.roles
+        return roles.class_base(cls)
+    except Exception:
+        return None
+
+
+def _model_takes_loss_kwargs(model, tv):
+    """(True, text) when the model's forward is known to take ``**kwargs`` on ``tv``; (False, text) when known not to;
+    (None, None) when the model is not known."""
+    if model is None:
+        return None, None
+    from bertlint.checks._trainer import FAMILIES_5X, TASK_HEADS
+
+    f = model.forward
+    if model.local_class is not None:
+        if f is None:
+            return None, None
+        if f.params.star_kwarg is None:
+            return False, None
+        return True, f"`{model.class_name}`, whose `forward` declares `**{f.params.star_kwarg.name.value}`"
+    head, fam = model.head, model.family
+    cls = model.class_name or model.declared_class
+    if head in ("ForCausalLM", "LMHeadModel"):
+        return True, f"a causal-LM head (`{cls}`), whose `forward` takes `**kwargs` on ≥ 4.48"
+    if head in TASK_HEADS and fam is not None:
+        if tv.at_least("5.0.0") and fam in FAMILIES_5X:
+            return True, f"`{cls}`, whose `forward` takes `**kwargs` on 5.x"
+        return False, None
+    return None, None
