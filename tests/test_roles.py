@@ -524,3 +524,18 @@ def test_param_groups_from_filtered_named_parameters_unknown_constructor():
     assert o.role == "optimizer" and o.confident and "model parameters" in o.why
     assert r.role("n", main) is None
     assert r.role("clip", main) is None  # built from parameters, but nothing says it optimizes
+
+
+def test_without_a_scope_the_role_wherever_bound_when_all_agree():
+    t, r = _roles("""
+        import torch
+        def a(model):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        def b(model):
+            optimizer = torch.optim.Adam(model.parameters())
+            sched = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+        def c():
+            sched = "linear"
+    """)
+    assert r.role("optimizer") == "optimizer"
+    assert r.role("sched") is None  # a scheduler in b(), a string in c()

@@ -4,6 +4,7 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
 
     r = ctx.roles
     role = r.of("optimizer", func)         # Role | None; func = the FunctionDef (or ClassDef / None) it is read in
+                                           # (without a scope: module level, else wherever bound when all agree)
     role = r.of(call.func.value, func)     # a Name / Attribute node works too; a Call node -> what the call returns
     role.role                              # "optimizer" | "scheduler" | "grad_scaler" | "accelerator" |
                                            # "deepspeed_engine" | "fabric" | "model" | "ddp_model" | "dataloader" |
@@ -463,7 +464,26 @@ class Roles:
             path = target
         if not path:
             return None
-        return self._path_role(path, scope)
+        r = self._path_role(path, scope)
+        if (r is None or not r.confident) and scope is None and (0, path) not in self._bind and \
+                (0, path) not in self._usage:
+            # no scope given and nothing at module level: the path's role wherever it is bound, when all agree
+            found = [self._key_role(k) for k in self._by_path().get(path, ())]
+            found = [x for x in found if x is not None and x.confident]
+            if found and len({x.role for x in found}) == 1:
+                return found[0]
+            if found:
+                return None  # different things in different scopes: the name hint says nothing
+        return r
+
+    def _by_path(self) -> dict:
+        bp = self.__dict__.get("_bp")
+        if bp is None:
+            bp = {}
+            for k in list(self._bind) + list(self._usage):
+                bp.setdefault(k[1], set()).add(k)
+            self._bp = bp
+        return bp
 
     def role(self, target: Any, scope: Scope = None) -> Optional[str]:
         r = self.of(target, scope)
