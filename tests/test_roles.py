@@ -539,3 +539,17 @@ def test_without_a_scope_the_role_wherever_bound_when_all_agree():
     """)
     assert r.role("optimizer") == "optimizer"
     assert r.role("sched") is None  # a scheduler in b(), a string in c()
+
+
+def test_pipeline_components_are_models():
+    t, r = _roles("""
+        from diffusers import StableDiffusionPipeline
+        def main():
+            pipe = StableDiffusionPipeline.from_pretrained("x")
+            out = pipe.unet(1, 2, 3)
+            img = pipe("prompt")
+    """)
+    main = _fn(t, "main")
+    calls = {n: c for c, n, f in t.calls}
+    assert r.is_forward(calls["pipe.unet"], main) is True
+    assert r.is_forward(calls["pipe"], main) is False

@@ -1063,20 +1063,7 @@ class Roles:
         r = self._key_role(okey)
         if r is None or not r.confident:
             return []
-        table = {
-            ("deepspeed_engine", "optimizer"): "optimizer",
-            ("deepspeed_engine", "module"): "model",
-            ("ddp_model", "module"): "model",
-            ("model", "module"): "model",
-            ("trainer", "model"): "model",
-            ("trainer", "optimizer"): "optimizer",
-            ("trainer", "lr_scheduler"): "scheduler",
-            ("accelerator", "scaler"): "grad_scaler",
-            ("lightning_module", "model"): None,
-            ("lightning_module", "trainer"): "trainer",
-            ("trainer", "accelerator"): "accelerator",
-        }
-        role = table.get((r.role, attr))
+        role = _ATTR_ROLES.get((r.role, attr))
         if role:
             return [Evidence("usage", role, f"`.{attr}` of the {r.role} `{owner}`", r.node)]
         return []
@@ -1677,6 +1664,29 @@ def _comp_iters(e) -> list:
         f = f.inner_for_in
     return out
 
+
+# (role of the owner, attribute) -> role of ``owner.attribute``
+_ATTR_ROLES = {
+    ("deepspeed_engine", "optimizer"): "optimizer",
+    ("deepspeed_engine", "module"): "model",
+    ("ddp_model", "module"): "model",
+    ("model", "module"): "model",
+    ("model", "_orig_mod"): "model",
+    ("trainer", "model"): "model",
+    ("trainer", "model_wrapped"): "model",
+    ("trainer", "optimizer"): "optimizer",
+    ("trainer", "lr_scheduler"): "scheduler",
+    ("trainer", "accelerator"): "accelerator",
+    ("accelerator", "scaler"): "grad_scaler",
+    ("lightning_module", "trainer"): "trainer",
+    # a pipeline's components are graph-recording modules when called directly (the pipeline's own call is not)
+    ("pipeline", "unet"): "model",
+    ("pipeline", "vae"): "model",
+    ("pipeline", "text_encoder"): "model",
+    ("pipeline", "text_encoder_2"): "model",
+    ("pipeline", "transformer"): "model",
+    ("pipeline", "model"): "model",
+}
 
 _PLAIN_TYPES = frozenset({"str", "int", "float", "bool", "dict", "list", "tuple", "Optional[str]"})
 
