@@ -15,7 +15,8 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
                                            # kind: "constructor" | "usage" | "import" | "annotation" | "name"
     role.node                              # the node of the strongest evidence (an assignment, a call ...)
     role.qualname                          # resolved constructor when known ("torch.optim.AdamW", "lightning.Trainer")
-    role.wrapped_by                        # "accelerator" | "fabric" | "deepspeed" | "ddp" | "fsdp" | "apex" | None
+    role.wrapped_by                        # "accelerator" | "fabric" | "deepspeed" | "ddp" | "fsdp" | "apex" |
+                                           # "lightning" (self.optimizers()) | None
     role.conflicts                         # other roles some evidence pointed at (empty when consistent)
     role.origin                            # the constructor Call that built it (``Accelerator(...)``) followed
                                            # through prepare / factories / call-site arguments; role.origins: all
@@ -50,8 +51,17 @@ Evidence, strongest first:
   lists) with optimizer settings; built on an optimizer (a scheduler); stepped and zeroed, handed to
   ``scaler.step`` / ``scaler.unscale_``, ``deepspeed.initialize(optimizer=...)``; produces the loss that reaches
   a backward (a model); ``x.parameters()``, ``x.to(device)`` as a statement, ``DDP(x)``, ``accelerator.accumulate(x)``.
-- ``import``: a callee imported from a module whose path says what it builds (``myproj.optim.Lamb``).
-- ``name``: the last hint (``opt_g``, ``lr_sched``, ``scaler``) at low confidence.
+- ``import``: a callee imported from a module whose path or factory name says what it builds
+  (``myproj.optim.Lamb``, ``build_optimizer``); weak usage (``x.parameters()``, ``x.to(device)`` /
+  ``x.eval()`` as a statement, a literal default of a parameter) is ranked here too.
+- ``name``: the last hint (``opt_g``, ``lr_sched``, ``scaler``) at low confidence; flags and names about a thing
+  (``save_optimizer``, ``model_path``, ``optimizer_cls``) give none.
+
+"other" is a positive answer: known not to be any of the roles (a tokenizer, a config, a loss module, a
+diffusers noise scheduler, an EMA wrapper, a string / number literal). Loop variables take the role of the
+elements they iterate (``for opt in [opt_g, opt_d]``, ``zip(optimizers, schedulers)``, comprehensions, lists
+built by ``append``). Where a name is rebound (``model = DDP(model)``), a binding that reads it sees only the
+bindings made before it (``model_without_ddp = model`` stays "model"); a read elsewhere sees the latest one.
 
 Example::
 
