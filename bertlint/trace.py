@@ -154,6 +154,7 @@ class Event:
     via: str = ""  # "scaler" for scaler.step(opt); "engine" for a DeepSpeed engine; "accelerator" ...
     certain: bool = True  # False: under a condition the dry run could not decide (it may or may not run)
     in_no_sync: bool = False
+    fwd_no_sync: Optional[bool] = None  # backward: its loss's forward ran with gradient sync off (DDP decides there)
     value: Any = None  # counter value
     text: str = ""  # the call as written
     mb: int = -1  # micro-batch (0-based) the event happened in; -1 before the first
@@ -221,6 +222,8 @@ class Trace:
     epoch_len: Optional[int] = None  # micro-batches per epoch in the run
     epochs: int = 1
     complete: bool = True  # the producer understood every relevant statement
+    ddp: Optional[bool] = None  # the model is wrapped in DistributedDataParallel (None: not known)
+    sync_control: bool = False  # the loop turns gradient sync off somewhere (no_sync, require_backward_grad_sync)
     line: int = 0  # the loop's line
     notes: list = field(default_factory=list)
 
@@ -647,6 +650,40 @@ def scaler_calls_per_step(trace: Trace) -> list:
     return _first_unique(out)
 
 
+def ddp_sync(trace: Trace) -> list:
+    """BL114: under DDP, one all-reduce per update: the forwards and backwards of a window's first N-1 micro-batches
+    run with sync off, the last one's with sync on (DDP decides at forward time)."""
+    out = []
+    wins = trace.window_structure()
+    for w in wins or []:
+        bws = [b for b in w.backwards if b.certain]
+        if not bws:
+            continue
+        last = bws[-1]
+        if last.fwd_no_sync is True:
+            how = "outside" if not last.in_no_sync else "inside"
+            msg = (f"{w.mbs}: the last micro-batch's forward runs with gradient sync off (backward {how} "
+                   f"`no_sync()`), then `{w.step.name}` → no all-reduce before the update: the replicas step with "
+                   f"their local gradients and silently diverge")
+            out.append(Violation("BL114", last, msg, {"severity": "E", "kind": "unsynced"}))
+            return _first_unique(out)
+    for b in trace.of("backward"):
+        if b.certain and b.in_no_sync and b.fwd_no_sync is False:
+            msg = (f"micro-batch {b.mb + 1}: forward with sync on, backward inside `no_sync()` → DDP prepared the "
+                   f"all-reduce at the forward, so the micro-batch still all-reduces (no saving)")
+            out.append(Violation("BL114", b, msg, {"kind": "backward-only"}))
+            return _first_unique(out)
+    if trace.ddp and not trace.sync_control and wins and trace.n and trace.n > 1:
+        full = [w for w in wins if len([b for b in w.backwards if b.certain]) >= 2]
+        if full and not any(b.fwd_no_sync is True or b.in_no_sync for w in full for b in w.backwards):
+            w = full[0]
+            k = len(w.backwards)
+            msg = (f"{w.mbs}: backward ×{k} with gradient sync on, `{w.step.name}` after the {ordinal(k)} → {k} "
+                   f"all-reduces per update instead of 1")
+            out.append(Violation("BL114", w.backwards[0], msg, {"kind": "no-no_sync", "allreduces": k}))
+    return _first_unique(out)
+
+
 # Not run by the linter (whether an epoch has a tail depends on the dataset's length; the static pass stays
 # silent), but available to ``explain`` and to the verifier, which sees the real length.
 EXTRA_INVARIANTS: dict = {"BL107-tail": epoch_tail}
@@ -659,6 +696,7 @@ INVARIANTS: dict = {
     "BL105": scheduler_per_step,
     "BL107": first_window_complete,
     "BL112": clip_once_per_step,
+    "BL114": ddp_sync,
     "BL201": unscale_before_clip,
     "BL202": scaler_calls_per_step,
 }

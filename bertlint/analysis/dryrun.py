@@ -90,6 +90,16 @@ class Tensor:
         self.node = node
 
 
+class _CtxFn:
+    """A context-manager factory held in a variable (``ctx = model.no_sync if i % N else nullcontext``)."""
+
+    __slots__ = ("kind", "text")
+
+    def __init__(self, kind: str, text: str = "") -> None:
+        self.kind = kind
+        self.text = text
+
+
 class _Split(Exception):
     def __init__(self, key: str) -> None:
         self.key = key
@@ -301,7 +311,7 @@ def _backward_style(f, call: cst.Call) -> Optional[str]:
 
 def _run_loop(dr: FileDryRun, loop) -> list:
     f = dr.f
-    acc = loop.accum()
+    acc = _window_factor(dr, loop) or loop.accum()
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -333,6 +343,23 @@ def _run_loop(dr: FileDryRun, loop) -> list:
             traces.append(tr)
             done += 1
     return traces
+
+
+def _window_factor(dr, loop):
+    """``for micro in range(N)`` / ``range(1, N + 1)`` inside the step loop: N is the window's length."""
+    w = loop.window_of
+    if not isinstance(w, cst.For) or not isinstance(w.iter, cst.Call) or call_name(w.iter) != "range":
+        return None
+    args = [a.value for a in w.iter.args if a.keyword is None]
+    expr = None
+    if len(args) == 1:
+        expr = args[0]
+    elif len(args) == 2 and literal(args[0]) == 1 and isinstance(args[1], cst.BinaryOperation) and \
+            isinstance(args[1].operator, cst.Add) and literal(args[1].right) == 1:
+        expr = args[1].left
+    if expr is None:
+        return None
+    return dr.f.factor(expr, "window", loop.func)
 
 
 class _Frame:
@@ -371,6 +398,7 @@ class _Runner:
         self.last_iter = False
         self.scaled = False  # gradients hold a scaler-scaled backward not yet unscaled
         self.engine_micro = 0
+        self.sync_control = False
         self.shared: dict = {}  # self.* attributes
         self._loader = None
         self._inside: set = set()
@@ -379,6 +407,9 @@ class _Runner:
         self.depth = 0
         self.in_micro = 0
         self.roles = dr.roles
+        self.grad_sync: Optional[bool] = True  # DDP's require_backward_grad_sync as the script sets it
+        self.fwd_ns: dict = {}  # id(forward call) -> gradient sync was off when it ran
+        self.ns_nodes: list = []  # the enclosing no_sync ``with`` statements
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -426,6 +457,8 @@ class _Runner:
                 break
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
+        self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events)
+        self.trace.ddp = True if (self.f.ddp_calls or self.f.ddp_wrapped) else None
         return self.trace
 
     def tick(self, k: int = 1) -> None:
@@ -666,6 +699,10 @@ class _Runner:
                         self.ev(a.value, frame)
                     continue
             v = self.ev(e, frame)
+            if isinstance(v, _CtxFn) and v.kind == "no_sync":
+                nosync = True
+                self.emit("no_sync", e, target=v.text)
+                continue
             if item.asname is not None:
                 for nm in _target_names(item.asname.name):
                     self.store(nm, v if isinstance(v, Tensor) else UNK, frame)
@@ -673,6 +710,7 @@ class _Runner:
             self.in_acc += 1
         if nosync:
             self.no_sync += 1
+            self.ns_nodes.append(stmt)
         try:
             return self._block(_body(stmt.body), frame, chain, level)
         finally:
@@ -680,6 +718,7 @@ class _Runner:
                 self.in_acc -= 1
             if nosync:
                 self.no_sync -= 1
+                self.ns_nodes.pop()
 
     def _enter_accumulate(self) -> None:
         an = self.acc_n
@@ -747,9 +786,13 @@ class _Runner:
             return
         d = dotted(target)
         if d is None:
-            if isinstance(target, cst.Subscript):
-                return
+            key = _subscript_key(target)
+            if key is not None:
+                self.store(key, v, frame)
             return
+        if d.endswith(".require_backward_grad_sync"):
+            self.grad_sync = v if isinstance(v, bool) else None
+            self.sync_control = True
         if d.endswith(".grad") and isinstance(v, Tensor) and v.scale is not None:
             self.emit("rescale", target, scale=v.scale)
         self.store(d, v, frame)
@@ -892,6 +935,8 @@ class _Runner:
                 return None
             return self.load(e.value, frame)
         if tp is cst.Attribute:
+            if e.attr.value in ("no_sync", "no_backward_sync"):
+                return _CtxFn("no_sync", self.dr.code(e))
             d = dotted(e)
             if d is not None:
                 if d.endswith(".sync_gradients"):
@@ -951,6 +996,9 @@ class _Runner:
         if tp is cst.Comparison:
             return self._compare(e, frame)
         if tp is cst.Subscript:
+            key = _subscript_key(e)
+            if key is not None and (key in frame.locals or key in self.shared):
+                return self.load(key, frame)
             base = self.ev(e.value, frame)
             for el in e.slice:
                 if isinstance(el.slice, cst.Index):
@@ -1160,9 +1208,16 @@ class _Runner:
                 if not (rkind is None and ("optim" in last.lower() or recv in f.kinds)):
                     self.emit("zero_grad", call, target=recv, of="model")
             return UNK
+        if attr in ("no_sync", "no_backward_sync"):
+            self.sync_control = True
+            return _CtxFn("no_sync", self.dr.code(call))
         if attr in ("div_", "mul_") and recv is not None and ".grad" in recv:
             self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
             return UNK
+        if isinstance(func, cst.Name):
+            fv = frame.locals.get(func.value)
+            if isinstance(fv, _CtxFn):
+                return fv
         # same-file functions and methods: inlined
         fn = self._callee(call, frame)
         if fn is not None:
@@ -1196,7 +1251,7 @@ class _Runner:
             if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS:
                 # a function from another module of the project: it may scale the loss itself
                 return Tensor(T.Scale((T.Factor(T.OTHER, f"{nm}() from {imp}"),)), True, call)
-            return Tensor(T.Scale(), True, call)
+            return self._fresh(call)
         if isinstance(func, cst.Attribute):
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
@@ -1216,8 +1271,20 @@ class _Runner:
                         "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
                         "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
                 return UNK
-            return Tensor(T.Scale(), True, call)
+            return self._fresh(call)
         return UNK
+
+    def _fresh(self, call) -> Tensor:
+        """The output of a call the trace does not model (a forward, a criterion): a loss of scale 1; whether
+        gradient sync was off when it ran is remembered (DDP decides at forward time)."""
+        if self.no_sync:
+            ns: Optional[bool] = True
+        elif self.grad_sync is None:
+            ns = None
+        else:
+            ns = not self.grad_sync
+        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None)
+        return Tensor(T.Scale(), True, call)
 
     def _args(self, call, frame, argv):
         args, kws = [], {}
@@ -1331,7 +1398,10 @@ class _Runner:
             # a backward outside the micro-batch loop (the non-accumulating arm of ``if N > 1: ... else: ...``):
             # each one is a micro-batch of its own
             self.mb += 1
-        self.emit("backward", call, scale=scale, scaled=scaled, via=style)
+        fns, where = self.fwd_ns.get(id(v.node), (None, None)) if isinstance(v, Tensor) and v.node is not None \
+            else (None, None)
+        self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns)
+        self.trace.events[-1].meta["fwd_ctx"] = where
         return UNK
 
     # ------------------------------------------------------------------ events
@@ -1383,6 +1453,17 @@ def _unwrap_iter(it):
         cur = a0
         seen += 1
     return cur if isinstance(cur, cst.Call) and (call_name(cur) or "") in ("enumerate", "range") else it
+
+
+def _subscript_key(e) -> Optional[str]:
+    """``loss_dict["loss"]`` -> 'loss_dict["loss"]' (a dict slot the run keeps like a variable)."""
+    if not isinstance(e, cst.Subscript) or len(e.slice) != 1 or not isinstance(e.slice[0].slice, cst.Index):
+        return None
+    base = dotted(e.value)
+    k = e.slice[0].slice.value
+    if base is None or not isinstance(k, cst.SimpleString):
+        return None
+    return f"{base}[{k.value}]"
 
 
 def _merge(now: dict, before: dict) -> None:
