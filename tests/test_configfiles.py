@@ -382,3 +382,20 @@ def test_the_repository_single_launcher_config_counts_for_a_script_in_a_subfolde
     (tmp_path / "configs" / "accelerate_fsdp.yaml").write_text("distributed_type: FSDP\nnum_processes: 2\n")
     ctx = _ctx(sub, "import accelerate\n")
     assert cf.accelerate_configs_for(ctx) == []  # two at the root, none named: unknown
+
+
+def test_a_script_that_expects_deepspeed_is_judged_when_launched_with_it(tmp_path):
+    src = ("from accelerate import Accelerator\nfrom accelerate.utils import DummyOptim\n"
+           "accelerator = Accelerator()\nopt = DummyOptim(model.parameters(), lr=1e-4)\n")
+    on, why = cf.deepspeed_enabled_for(_ctx(tmp_path, src))
+    assert on is True and why.startswith("when launched with DeepSpeed") and "DummyOptim" in why and "line 4" in why
+    src = ("from accelerate import Accelerator\naccelerator = Accelerator()\n"
+           "if accelerator.state.deepspeed_plugin is not None:\n    pass\n")
+    on, why = cf.deepspeed_enabled_for(_ctx(tmp_path, src))
+    assert on is True and "accelerator.state.deepspeed_plugin" in why
+    plain = _ctx(tmp_path, "from accelerate import Accelerator\naccelerator = Accelerator()\n")
+    assert cf.deepspeed_enabled_for(plain) == (None, "")
+    # a launcher config that says otherwise wins
+    (tmp_path / "accelerate_ddp.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    ctx = _ctx(tmp_path, "from accelerate import Accelerator\nfrom accelerate.utils import DummyOptim\nDummyOptim([])\n")
+    assert cf.deepspeed_enabled_for(ctx)[0] is False

@@ -966,8 +966,18 @@ def _find_uses(ctx: Any) -> Iterator[DSUse]:
             arg, fw = kwarg(call, "config"), "lightning"
         if fw is None:
             continue
-        if fw != "accelerate" and arg is None:
-            continue
+        if arg is None and any(a.star == "**" for a in call.args):
+            # `DeepSpeedPlugin(**kw)` / `TrainingArguments(**cfg)`: the key read through the shared evaluator
+            key = {"trainer": "deepspeed", "accelerate": "hf_ds_config", "lightning": "config"}.get(fw)
+            f = None
+            try:
+                facts = ctx.resolver.call_kwargs(call, func)
+                f = facts.get(key) or (facts.get("config_params") if fw == "engine" else None) or (
+                    facts.get("config") if fw == "engine" else None)
+            except Exception:
+                f = None
+            if f is not None and f.node is not None and f.known:
+                arg = f.node
         if isinstance(arg, cst.Name) and arg.value == "None":
             continue
         r = _resolve_config_arg(ctx, arg, func)
@@ -1047,7 +1057,9 @@ def _uses_accelerate(ctx: Any) -> bool:
 
 def deepspeed_enabled_for(ctx: Any) -> tuple[Optional[bool], str]:
     """Does an accelerate script run under DeepSpeed?  (True, reason) when a ``DeepSpeedPlugin`` is built in
-    the code or every accelerate launcher config beside the script has ``distributed_type: DEEPSPEED``;
+    the code or every accelerate launcher config of the script has ``distributed_type: DEEPSPEED``, or (with a reason
+    starting "when launched with DeepSpeed") when no launcher config decides and the script expects DeepSpeed
+    (``deepspeed_expected_for``: ``DummyOptim``, ``accelerator.state.deepspeed_plugin``);
     (False, reason) when launcher configs exist and none uses DeepSpeed and the code builds no plugin;
     (None, "") when unknown (the launch command decides)."""
     plugins = [u for u in deepspeed_uses(ctx) if u.framework == "accelerate"]
@@ -1064,7 +1076,61 @@ def deepspeed_enabled_for(ctx: Any) -> tuple[Optional[bool], str]:
             return True, f"`distributed_type: DEEPSPEED` in the accelerate config {names}"
         if not any(c.uses_deepspeed for c in cfgs):
             return False, f"no DeepSpeed in the accelerate config {names}"
+    expected = deepspeed_expected_for(ctx)
+    if expected:
+        return True, expected
     return None, ""
+
+
+_DS_STATE_ATTRS = ("deepspeed_plugin", "deepspeed_plugins", "deepspeed_config")
+
+
+def deepspeed_expected_for(ctx: Any) -> str:
+    """Why the script expects to be launched with DeepSpeed (``accelerate launch`` with a DeepSpeed config, which
+    is not in the code): it builds accelerate's ``DummyOptim`` / ``DummyScheduler`` (placeholders only DeepSpeed
+    fills), or reads ``accelerator.state.deepspeed_plugin`` / ``accelerator.deepspeed_config``. "" when nothing says
+    so. The text starts with "when launched with DeepSpeed" so the findings that use it say what they assume."""
+    got = getattr(ctx, "_cf_ds_expected", None)
+    if got is not None:
+        return got
+    reason = ""
+    try:
+        uses_acc = ctx.symbols.uses("accelerate")
+    except Exception:
+        uses_acc = False
+    if uses_acc:
+        src = ctx.source
+        if "Dummy" in src:
+            for call, _func, _cls in all_calls(ctx):
+                q = _qual(ctx, call)
+                last = q.split(".")[-1]
+                if last in ("DummyOptim", "DummyScheduler") and (q == last or q.startswith("accelerate")):
+                    reason = (f"when launched with DeepSpeed, which the script expects: it builds `{last}` "
+                              f"(line {_row(ctx, call)}), a placeholder that only a DeepSpeed config fills")
+                    break
+        if not reason and any(a in src for a in _DS_STATE_ATTRS):
+            for node in ctx.index.of(cst.Attribute):
+                if node.attr.value in _DS_STATE_ATTRS:
+                    inner = node.value
+                    base = inner.attr.value if isinstance(inner, cst.Attribute) else (
+                        inner.value if isinstance(inner, cst.Name) else "")
+                    text = ctx.module.code_for_node(node)
+                    if base in ("state",) or "accelerator" in text.lower():
+                        reason = (f"when launched with DeepSpeed, which the script provides for: it reads `{text}` "
+                                  f"(line {_row(ctx, node)})")
+                        break
+    try:
+        ctx._cf_ds_expected = reason
+    except Exception:
+        pass
+    return reason
+
+
+def _row(ctx: Any, node: Any) -> str:
+    try:
+        return str(ctx.span(node)[0].row)
+    except Exception:
+        return "?"
 
 
 def deepspeed_gas_for(ctx: Any, framework: Optional[str] = None) -> tuple[Optional[int], str]:
