@@ -251,3 +251,26 @@ def test_partial_kwargs_dicts():
     assert ka["gradient_accumulation_steps"].value == 2  # written after it
     kb = r.call_kwargs(b, make)
     assert kb["mixed_precision"].value == "bf16" and "**" in kb
+
+
+def test_attributes_through_self_and_aliases():
+    t, r = _r("""
+        import argparse
+        from accelerate import Accelerator
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--accum", type=int, default=8)
+        class Runner:
+            def __init__(self, args, accelerator):
+                self.args = args
+                self.acc = Accelerator(gradient_accumulation_steps=4)
+                self.given = accelerator
+            def train(self):
+                a = self.acc
+                return self.acc.gradient_accumulation_steps, a.gradient_accumulation_steps
+    """)
+    train = t.functions["train"][0]
+    assert _fact(r, "self.acc.gradient_accumulation_steps", train).value == 4
+    assert _fact(r, "a.gradient_accumulation_steps", train).value == 4
+    g = _fact(r, "self.given.gradient_accumulation_steps", train)
+    assert g.value is UNKNOWN and "parameter of __init__()" in g.source
+    assert _fact(r, "self.args.accum", train).value == 8

@@ -913,7 +913,10 @@ class Resolver:
         hf = self._hf_dataclass_of(owner, func)
         if hf is not None:
             return self._hf_fact(hf, attr, expr, d)
-        pown = self._param_owner(owner, func)
+        on_self = owner.split(".")[0] in ("self", "cls")
+        if owner in ("self", "cls"):
+            return Fact(UNKNOWN, f"unknown: `{name}` is not assigned in this class", expr, "unknown")
+        pown = None if on_self else self._param_owner(owner, func)
         if pown is not None:
             if _ARGS_LIKE.match(owner.split(".")[-1]) or self._passed_cli(pown, owner):
                 cli = self._cli_fact(attr, expr, d)
@@ -921,6 +924,15 @@ class Resolver:
                     return cli
             return Fact(UNKNOWN, f"unknown: attribute of `{owner}`, a parameter of {pown.name.value}()", expr, "unknown")
         made = self._visible_assigns(owner, func)
+        if len(made) == 1 and isinstance(made[0].value, (cst.Name, cst.Attribute)) and dotted(made[0].value) != owner:
+            # an alias (``self.accelerator = accelerator``, ``acc = self.accelerator``): read through it
+            return self._fact_attr(cst.Attribute(value=made[0].value, attr=cst.Name(attr)), made[0].func, d + 1)
+        if on_self and not made:
+            if _ARGS_LIKE.match(owner.split(".")[-1]):
+                cli = self._cli_fact(attr, expr, d)
+                if cli is not None:
+                    return cli
+            return Fact(UNKNOWN, f"unknown: `{owner}` is not assigned in this class", expr, "unknown")
         if not made:
             if any(owner in names for names, _c, _f in self.t.unpacks):
                 for names, c, _f in self.t.unpacks:
