@@ -428,6 +428,10 @@ def test_shell_completion(tmp_path, capsys):
         first, second = r.stdout.splitlines()
         assert first.split() == ["--output-format", "--output-file"]
         assert "BL101" in second.split() and "BL201" not in second.split()
+    if shutil.which("fish"):
+        r = subprocess.run(["fish", "-c", f"source {tmp_path / 'c.fish'}; complete -C 'bertlint --output-format j'"],
+                           capture_output=True, text=True, timeout=30)
+        assert [ln.split("\t")[0] for ln in r.stdout.splitlines()] == ["json", "json-lines", "junit"]
 
 
 # ------------------------------------------------------------------------------------ 8. --fix fixed point
