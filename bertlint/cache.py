@@ -296,13 +296,26 @@ class Cache:
             if not os.path.exists(tag):
                 with open(tag, "w", encoding="utf-8") as f:
                     f.write("Signature: 8a477f597d28d172789f06886806bc55\n# bertlint's result cache\n")
-            from bertlint.fixes import atomic_write
-
             for name in sorted(self.dirty):
-                atomic_write(os.path.join(self.dir, name), json.dumps(self.buckets[name], separators=(",", ":")).encode())
+                _write(os.path.join(self.dir, name), json.dumps(self.buckets[name], separators=(",", ":")).encode())
         except OSError:
             self.usable = False  # a read-only folder: run without the cache, as if --no-cache
         self.dirty.clear()
+
+
+def _write(path: str, data: bytes) -> None:
+    """Temporary file + rename (a reader never sees half a bucket); no fsync: a lost entry is only a miss."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _stat(path: str) -> list:
