@@ -553,3 +553,21 @@ def test_pipeline_components_are_models():
     calls = {n: c for c, n, f in t.calls}
     assert r.is_forward(calls["pipe.unet"], main) is True
     assert r.is_forward(calls["pipe"], main) is False
+
+
+def test_single_target_fabric_setup_and_prepare():
+    t, r = _roles("""
+        import torch
+        from lightning.fabric import Fabric
+        from accelerate import Accelerator
+        def main():
+            fabric = Fabric()
+            model = fabric.setup(torch.nn.Linear(2, 2))
+            acc = Accelerator()
+            opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    """)
+    main = _fn(t, "main")
+    m = r.of("model", main)
+    assert m.role == "model" and m.wrapped_by == "fabric"
+    o = r.of("opt", main)
+    assert o.role == "optimizer" and o.wrapped_by == "accelerator"

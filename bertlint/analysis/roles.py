@@ -1241,15 +1241,14 @@ class Roles:
                 return [Evidence("constructor", role, f"`self.{last}()` of a LightningModule", call,
                                  "lightning.LightningModule." + last, "lightning")]
         # --- pass-through wrappers: prepare / setup / initialize / compile / .to() ...
-        if last in ("prepare", "setup") and recv and index is not None or (last == "prepare" and recv):
-            rr = self._path_role(recv, scope) if recv else None
-            if rr is not None and rr.role in ("accelerator", "fabric") or (last == "prepare" and rr is None and recv
-                                                                             and name_hint(recv) == "accelerator"):
+        if last in ("prepare", "setup") and recv:
+            rr = self._path_role(recv, scope)
+            if rr is not None and (rr.role == "accelerator" and last == "prepare" or rr.role == "fabric"):
                 args = [a.value for a in call.args if a.keyword is None and not a.star]
                 i = index if index is not None else 0
                 if i < len(args):
                     sub = decide(self._expr_evidence(args[i], scope, depth + 1, before))
-                    wb = "accelerator" if last == "prepare" else "fabric"
+                    wb = rr.role
                     if sub is not None and sub.confident:
                         return [Evidence("usage", sub.role, f"`{name}(...)` position {i} ({sub.why})", call,
                                          sub.qualname, wb, sub.origin)]
