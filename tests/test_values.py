@@ -274,3 +274,31 @@ def test_attributes_through_self_and_aliases():
     g = _fact(r, "self.given.gradient_accumulation_steps", train)
     assert g.value is UNKNOWN and "parameter of __init__()" in g.source
     assert _fact(r, "self.args.accum", train).value == 8
+
+
+def test_call_args_bind_a_same_file_call_to_its_parameters():
+    t, r = _r("""
+        def run_epoch(model, loader, train=True, n=4, *, log=False):
+            pass
+        class T:
+            def step(self, batch, accum):
+                pass
+            def go(self):
+                self.step(1, accum=8)
+        def main(model, loader):
+            run_epoch(model, loader, train=False)
+            run_epoch(model, loader, True, log=True)
+            run_epoch(*parts)
+    """)
+    main = t.module_funcs["main"][0]
+    c1, c2, c3 = [c for c, n, f in t.calls if n == "run_epoch"]
+    a1 = r.call_args(c1, main)
+    assert a1["train"].value is False and a1["n"].value == 4 and "default of n=" in a1["n"].source
+    assert a1["model"].value is UNKNOWN and "parameter of main()" in a1["model"].source
+    a2 = r.call_args(c2, main)
+    assert a2["train"].value is True and a2["log"].value is True
+    assert r.call_args(c3, main)["train"].value is UNKNOWN
+    go = t.functions["go"][0]
+    step_call = [c for c, n, f in t.calls if n == "self.step"][0]
+    a = r.call_args(step_call, go)
+    assert a["batch"].value == 1 and a["accum"].value == 8 and "self" not in a

@@ -15,6 +15,8 @@ keyword not passed to a constructor are UNKNOWN with the reason as their source:
                                     # unset | unknown; fact.known, fact.definite, fact.describe(ctx) (adds the line)
     r.call_kwargs(call, func)       # {"gradient_accumulation_steps": Fact, ...} with ``**{...}`` / ``**kw`` read;
                                     # key "**" (an UNKNOWN Fact) when some ``**x`` could not be read
+    r.call_args(call, func)         # a call of this file's own function bound to its parameters:
+                                    # {"train": Fact(False, ...), "n": Fact(4, "default of n= in run_epoch()")}
 
 It reads ``not`` / ``and`` / ``or`` / comparisons / ``x if c else y``, arithmetic, ``int()`` / ``max()`` /
 ``min()``, dict literals and ``dict(...)``, ``os.environ.get(k, d)`` / ``os.getenv``, argparse options
@@ -512,6 +514,54 @@ class Resolver:
         if "**" in out:
             out["**"] = out.pop("**")
         return out
+
+    def call_args(self, call: cst.Call, func: FuncNode = None, fn: Optional[cst.FunctionDef] = None) -> dict[str, "Fact"]:
+        """Bind a call of one of this file's functions to its parameters: ``{param: Fact}`` with the arguments'
+        facts (read in ``func``), and for a parameter the call does not pass, its default (a literal default
+        is definite at that call site: "default of train= in run_epoch()"); a parameter with neither, or one a
+        ``*args`` / ``**kw`` may fill, is UNKNOWN. ``fn``: the callee (found by name among module-level
+        functions, or ``self.method`` in the caller's class, when not given). Empty when the callee is unknown."""
+        if fn is None:
+            fn = self._callee_of(call, func)
+        if fn is None:
+            return {}
+        p = fn.params
+        positional_params = list(p.posonly_params) + list(p.params)
+        offset = 0
+        if positional_params and positional_params[0].name.value in ("self", "cls") and isinstance(call.func, cst.Attribute):
+            offset = 1
+        out: dict[str, Fact] = {}
+        pos = [a for a in call.args if a.keyword is None]
+        starred = any(a.star for a in call.args)
+        kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        fname = fn.name.value
+        for i, prm in enumerate(positional_params[offset:] + list(p.kwonly_params)):
+            name = prm.name.value
+            j = i if i < len(positional_params) - offset else None
+            if j is not None and j < len(pos) and not any(a.star for a in pos[: j + 1]):
+                out[name] = self.fact(pos[j].value, func)
+            elif name in kw:
+                out[name] = self.fact(kw[name], func)
+            elif starred:
+                out[name] = Fact(UNKNOWN, f"unknown: `{name}` may come from a `*`/`**` argument", call, "unknown")
+            elif prm.default is not None:
+                f = self.fact(prm.default, None)
+                out[name] = Fact(f.value, f"default of {name}= in {fname}()" +
+                                 ("" if f.source.startswith("literal") else f" ({f.source})"), prm.default, f.kind)
+            else:
+                out[name] = Fact(UNKNOWN, f"unknown: `{name}` is not passed", call, "unknown")
+        return out
+
+    def _callee_of(self, call: cst.Call, func: FuncNode) -> Optional[cst.FunctionDef]:
+        f = call.func
+        if isinstance(f, cst.Name):
+            defs = getattr(self.t, "module_funcs", {}).get(f.value, [])
+            return defs[0] if len(defs) == 1 else None
+        if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == "self":
+            cls = self._class_of(func)
+            if cls is not None:
+                return self.t.class_methods.get(cls.name.value, {}).get(f.attr.value)
+        return None
 
     def _dict_items(self, expr: cst.BaseExpression, func: FuncNode, d: int) -> Optional[dict[str, "Fact"]]:
         """Per-key facts of a dict expression: a dict literal, ``dict(a=...)``, a name holding one."""
