@@ -399,6 +399,7 @@ class _Runner:
         self.scaled = False  # gradients hold a scaler-scaled backward not yet unscaled
         self.engine_micro = 0
         self.sync_control = False
+        self.acc_used = False
         self.shared: dict = {}  # self.* attributes
         self._loader = None
         self._inside: set = set()
@@ -721,6 +722,7 @@ class _Runner:
                 self.ns_nodes.pop()
 
     def _enter_accumulate(self) -> None:
+        self.acc_used = True
         an = self.acc_n
         if an is None:
             self.sync = None
@@ -1349,12 +1351,14 @@ class _Runner:
     def _prepared_effect(self, recv: Optional[str]) -> tuple[Optional[bool], str]:
         """Does an optimizer / scheduler call take effect now? Inside ``accumulate()`` a prepared one is a no-op off
         the sync step (accelerate 1.15 AcceleratedOptimizer / AcceleratedScheduler)."""
-        if not self.in_acc:
+        if not self.in_acc and not self.acc_used:
             return True, ""
         f = self.f
         built_here = recv is not None and recv in f.kinds and recv not in f.prepared and f.prepared
         if built_here:
             return True, ""
+        # the prepared optimizer reads accelerate's gradient state, which keeps the value the last accumulate()
+        # entry set after the with-block is left
         if self.sync is None:
             return None, "sync step unknown"
         return (True, "") if self.sync else (False, "off the sync step")

@@ -50,7 +50,7 @@ def check(ctx) -> None:
                 budget = next((s for s in sides if dotted(s) != ctr and BUDGET.search(code_of(s))), None)
                 if ctr is None or budget is None:
                     continue
-                if f.units_of(budget, loop.func, acc.text) == "micro-batches":
+                if f.units_of(budget, loop.func, acc.text) == "micro-batches" or _param(loop.func, budget):
                     continue
                 seen.add(id(comp))
                 _ga.report(
@@ -76,3 +76,13 @@ def _comparisons(node):
 
     node.visit(V())
     return out
+
+
+
+def _param(func, budget) -> bool:
+    """The budget is a bare parameter of the loop's function: its units are whatever the callers pass (a name is
+    a hint, not evidence that it counts optimizer steps)."""
+    if func is None or not isinstance(budget, cst.Name):
+        return False
+    ps = list(func.params.params) + list(func.params.kwonly_params) + list(func.params.posonly_params)
+    return any(p.name.value == budget.value for p in ps)
