@@ -36,6 +36,8 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
                                            # trl.SFTTrainer -> "trainer"; PreTrainedModel -> "module")
     r.class_base(classdef)                 # the framework class reached: "trl.SFTTrainer", "torch.nn.Module", ...
 
+``python -m bertlint.analysis.roles FILE`` prints what it finds (a debugging aid).
+
 Scopes: a plain name is looked up in the function it is read in, then its enclosing functions, then the module;
 ``self.x`` in a method is looked up on the class (attributes set in ``__init__`` or any method). Parameters take
 the role of the arguments at the file's own call sites (``train(model, optimizer)``, ``MyTrainer(opt=...)``), of
@@ -1739,3 +1741,33 @@ def build(ctx_or_table) -> Roles:
     """``roles.build(ctx)`` (or a SymbolTable)."""
     t = ctx_or_table if isinstance(ctx_or_table, SymbolTable) else ctx_or_table.symbols
     return Roles(t)
+
+
+def _main(argv: Optional[list] = None) -> int:
+    """``python -m bertlint.analysis.roles FILE...``: print the roles found (a debugging aid)."""
+    import sys
+
+    for path in (argv if argv is not None else sys.argv[1:]):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            module = cst.parse_module(fh.read())
+        from bertlint.analysis.symbols import build as build_symbols
+
+        t = build_symbols(module)
+        r = Roles(t)
+        print(f"== {path}")
+        for scope, p, role in r.all():
+            if role.role == "other":
+                continue
+            where = getattr(getattr(scope, "name", None), "value", "<module>")
+            extra = f" [{role.wrapped_by}]" if role.wrapped_by else ""
+            conf = "" if role.confident else " (name only)"
+            print(f"  {where}: {p} -> {role.role}{extra}{conf}  | {role.why[:100]}")
+        for name, cls in t.classes.items():
+            fam = r.class_family(cls)
+            if fam:
+                print(f"  class {name}: {fam} ({r.class_base(cls)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
