@@ -302,3 +302,24 @@ def test_call_args_bind_a_same_file_call_to_its_parameters():
     step_call = [c for c, n, f in t.calls if n == "self.step"][0]
     a = r.call_args(step_call, go)
     assert a["batch"].value == 1 and a["accum"].value == 8 and "self" not in a
+
+
+def test_result_attributes_and_none_keywords():
+    t, r = _r("""
+        import argparse
+        from accelerate import Accelerator
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--mixed_precision", default=None)
+        parser.add_argument("--bs", type=int, default=32)
+        parser.add_argument("--accum", type=int, default=4)
+        args = parser.parse_args()
+        accelerator = Accelerator(mixed_precision=args.mixed_precision)
+        loss = criterion(out, y)
+        per_device = args.bs // args.accum * 2
+    """)
+    d = _fact(r, "loss.data")
+    assert d.value is UNKNOWN and d.kind == "unknown" and "result of `criterion" in d.source
+    mp = _fact(r, "accelerator.mixed_precision")
+    assert mp.value is UNKNOWN and mp.kind == "unset"
+    pd = _fact(r, "per_device")
+    assert pd.value == 16 and pd.source == "computed from argparse default of --bs and argparse default of --accum"

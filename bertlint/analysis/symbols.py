@@ -1004,10 +1004,19 @@ class Resolver:
                 if cli is not None:
                     return cli
                 return Fact(UNKNOWN, f"unknown: `{attr}` is not an option of this file's parser", expr, "unknown")
+            last = cname.rpartition(".")[2]
+            if not (last[:1].isupper() or cname in self.t.classes):
+                # the result of a function call (``loss = criterion(...)``), not an object built from keywords
+                return Fact(UNKNOWN, f"unknown: `{name}` of the result of `{_short(ctor.func)}(...)`", expr, "unknown")
             # obj.x where obj = Ctor(..., x=value)
             kws = self.call_kwargs(ctor, made[0].func)
             if attr in kws:
-                return kws[attr]
+                k = kws[attr]
+                if k.known and k.value is None:
+                    # ``Accelerator(mixed_precision=None)``: None selects the library's default / the launch config
+                    return Fact(UNKNOWN, f"unknown: `{attr}=None` is passed to `{_short(ctor.func)}(...)` ({k.source}): "
+                                f"its default applies", ctor, "unset")
+                return k
             if cname in self.t.classes:
                 ff = self._field_default(cname, attr, d)
                 if ff is not None:
@@ -1264,8 +1273,10 @@ def _weakest(*facts: "Fact") -> str:
 def _join(*facts: "Fact") -> str:
     out: list[str] = []
     for f in facts:
-        if f.source not in out and not f.source.startswith("literal"):
-            out.append(f.source)
+        src = f.source[len("computed from "):] if f.source.startswith("computed from ") else f.source
+        for part in src.split(" and ") if f.source.startswith("computed from ") else [src]:
+            if part not in out and not part.startswith("literal") and part != "computed":
+                out.append(part)
     return " and ".join(out) if out else "literal"
 
 
