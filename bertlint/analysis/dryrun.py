@@ -100,6 +100,15 @@ class _CtxFn:
         self.text = text
 
 
+class DictVal:
+    """A dict built in the loop; its string-keyed slots are followed (``loss_dict["batch_idx"]``)."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self) -> None:
+        self.slots: dict = {}
+
+
 class _Split(Exception):
     def __init__(self, key: str) -> None:
         self.key = key
@@ -148,14 +157,14 @@ class LoopRun:
                     e.line = self.dr.line(e.node)
             tr.line = self.dr.line(self.loop.node)
 
-    def violations(self, code: str) -> list:
+    def violations(self, code: str, owners: Optional[tuple] = None) -> list:
         """(violation, trace) pairs of one rule over every configuration, one per line (one per loop for the
         rules about the loop's single window structure: the same mistake seen in two configurations, e.g. the
         scaler and the plain backward of ``if use_amp: … else: …``, is one finding)."""
         out = []
         seen = set()
         for tr in self.traces:
-            if not tr.complete:
+            if not tr.complete or (owners is not None and tr.owner not in owners):
                 continue
             for v in T.check(tr, code):
                 self.dr_fill(v, tr)
@@ -458,9 +467,33 @@ class _Runner:
                 break
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
-        self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events)
+        # any gradient-sync control anywhere in the file (another configuration may use it): no claim that the
+        # loop never turns sync off
+        self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
+            self.f.no_sync_used or "require_backward_grad_sync" in self.dr.ctx.source
         self.trace.ddp = True if (self.f.ddp_calls or self.f.ddp_wrapped) else None
+        self.trace.owner = self._owner()
         return self.trace
+
+    def _owner(self) -> str:
+        """Who owns accumulation in this run (a configuration may take the DeepSpeed arm or the plain one)."""
+        static = self.loop.owner
+        if static in ("trainer", "lightning", "unknown"):
+            return static
+        styles = {e.via for e in self.trace.events if e.kind == "backward" and e.certain}
+        if not styles:
+            return static
+        if self.acc_used:
+            return "accelerate"
+        if "engine" in styles:
+            return "deepspeed"
+        if "lightning" in styles:
+            return "lightning"
+        if "fabric" in styles:
+            return "fabric"
+        if "accelerator" in styles:
+            return "accelerate-manual" if static != "unknown" else static
+        return "plain"
 
     def tick(self, k: int = 1) -> None:
         self.cost += k
@@ -748,6 +781,8 @@ class _Runner:
                 self.ev(small.value, frame)
             elif tp is cst.Assign:
                 v = self.ev(small.value, frame)
+                if type(small.value) is cst.Dict:
+                    v = self._dict(small.value, frame)
                 for t in small.targets:
                     self._assign(t.target, v, frame)
             elif tp is cst.AnnAssign:
@@ -780,6 +815,15 @@ class _Runner:
                     return "break" if frame.depth == 0 else "return"
         return None
 
+    def _dict(self, d: cst.Dict, frame) -> "DictVal":
+        """``loss_dict = {"batch_idx": batch_idx, ...}``: a dict whose string-keyed slots the run keeps (it is
+        shared with the helpers it is handed to)."""
+        out = DictVal()
+        for el in d.elements:
+            if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString):
+                out.slots[el.key.value[1:-1]] = self.ev(el.value, frame)
+        return out
+
     def _assign(self, target, v, frame) -> None:
         if isinstance(target, (cst.Tuple, cst.List)):
             for el in target.elements:
@@ -788,9 +832,11 @@ class _Runner:
             return
         d = dotted(target)
         if d is None:
-            key = _subscript_key(target)
-            if key is not None:
-                self.store(key, v, frame)
+            if isinstance(target, cst.Subscript):
+                base = self.ev(target.value, frame)
+                key = _str_key(target)
+                if isinstance(base, DictVal) and key is not None:
+                    base.slots[key] = v
             return
         if d.endswith(".require_backward_grad_sync"):
             self.grad_sync = v if isinstance(v, bool) else None
@@ -938,6 +984,7 @@ class _Runner:
             return self.load(e.value, frame)
         if tp is cst.Attribute:
             if e.attr.value in ("no_sync", "no_backward_sync"):
+                self.sync_control = True
                 return _CtxFn("no_sync", self.dr.code(e))
             d = dotted(e)
             if d is not None:
@@ -998,10 +1045,10 @@ class _Runner:
         if tp is cst.Comparison:
             return self._compare(e, frame)
         if tp is cst.Subscript:
-            key = _subscript_key(e)
-            if key is not None and (key in frame.locals or key in self.shared):
-                return self.load(key, frame)
             base = self.ev(e.value, frame)
+            if isinstance(base, DictVal):
+                key = _str_key(e)
+                return base.slots.get(key, UNK) if key is not None else UNK
             for el in e.slice:
                 if isinstance(el.slice, cst.Index):
                     self.ev(el.slice.value, frame)
@@ -1459,15 +1506,14 @@ def _unwrap_iter(it):
     return cur if isinstance(cur, cst.Call) and (call_name(cur) or "") in ("enumerate", "range") else it
 
 
-def _subscript_key(e) -> Optional[str]:
-    """``loss_dict["loss"]`` -> 'loss_dict["loss"]' (a dict slot the run keeps like a variable)."""
+def _str_key(e) -> Optional[str]:
+    """``d["loss"]`` -> 'loss'."""
     if not isinstance(e, cst.Subscript) or len(e.slice) != 1 or not isinstance(e.slice[0].slice, cst.Index):
         return None
-    base = dotted(e.value)
     k = e.slice[0].slice.value
-    if base is None or not isinstance(k, cst.SimpleString):
+    if not isinstance(k, cst.SimpleString):
         return None
-    return f"{base}[{k.value}]"
+    return k.value[1:-1]
 
 
 def _merge(now: dict, before: dict) -> None:

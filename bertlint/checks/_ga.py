@@ -266,9 +266,7 @@ def violations(ctx, code: str, owners: Optional[tuple] = None):
 
     seen = set()
     for run in dryrun.of(ctx):
-        if owners is not None and run.loop.owner not in owners:
-            continue
-        for v, tr in run.violations(code):
+        for v, tr in run.violations(code, owners):
             if (code, v.event.line) in seen:
                 continue
             seen.add((code, v.event.line))
