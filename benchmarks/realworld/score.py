@@ -318,6 +318,7 @@ def main(argv=None) -> int:
     tot = Counter()
     by_fam: dict[str, Counter] = defaultdict(Counter)
     by_fw: dict[str, Counter] = defaultdict(Counter)
+    by_code: dict[str, Counter] = defaultdict(Counter)
     sev = {"hit": Counter(), "fp": Counter(), "extra": Counter()}
     per_entry_json = []
     repos = set()
@@ -348,10 +349,12 @@ def main(argv=None) -> int:
         tot["hit"] += len(s["hits"])
         fps_counted = 0
         for x, f in s["hits"]:
+            by_code[x.get("code", "")]["hit"] += 1
             by_fam[family(x.get("code", ""))]["hit"] += 1
             by_fw[fw]["hit"] += 1
             sev["hit"][f["severity"]] += 1
         for x in s["misses"]:
+            by_code[x.get("code", "")]["miss"] += 1
             by_fam[family(x.get("code", ""))]["miss"] += 1
             by_fw[fw]["miss"] += 1
         for f, jd in s["fps"]:
@@ -417,7 +420,12 @@ def main(argv=None) -> int:
     for k in sorted(by_fam):
         c = by_fam[k]
         n = c["hit"] + c["miss"]
-        print(f"  {k:<6} recall {c['hit']}/{n} ({pct(c['hit'], n)})  FP {c['fp']}  EXTRA-fp {c['extra_fp']}")
+        codes = " ".join(
+            f"{code} {by_code[code]['hit']}/{by_code[code]['hit'] + by_code[code]['miss']}"
+            for code in sorted(by_code) if family(code) == k
+        )
+        print(f"  {k:<6} recall {c['hit']}/{n} ({pct(c['hit'], n)})  FP {c['fp']}  EXTRA-fp {c['extra_fp']}"
+              + (f"  [{codes}]" if codes else ""))
     print("per framework:")
     for k in sorted(by_fw):
         c = by_fw[k]
@@ -432,6 +440,7 @@ def main(argv=None) -> int:
     if o.json:
         with open(o.json, "w", encoding="utf-8") as f:
             json.dump({"entries": per_entry_json, "totals": dict(tot),
+                       "by_code": {k: dict(v) for k, v in by_code.items()},
                        "by_family": {k: dict(v) for k, v in by_fam.items()},
                        "by_framework": {k: dict(v) for k, v in by_fw.items()}}, f, indent=1)
     fp_all = tot["fp"] + tot["extra_fp"]
