@@ -323,3 +323,16 @@ def test_result_attributes_and_none_keywords():
     assert mp.value is UNKNOWN and mp.kind == "unset"
     pd = _fact(r, "per_device")
     assert pd.value == 16 and pd.source == "computed from argparse default of --bs and argparse default of --accum"
+
+
+def test_containers_changed_in_place_are_unknown():
+    t, r = _r("""
+        out = {}
+        out["train"] = 1.0
+        xs = []
+        xs.append(3)
+        fixed = [1, 2]
+    """)
+    assert _fact(r, "out").value is UNKNOWN
+    assert _fact(r, "xs").value is UNKNOWN
+    assert _fact(r, "fixed").value == [1, 2]

@@ -864,7 +864,7 @@ class Resolver:
         owner = self._param_owner(name, func)
         if owner is not None:
             return Fact(UNKNOWN, f"unknown: parameter of {owner.name.value}()", node, "unknown")
-        if name in self.t.aug_assigns:
+        if name in self.t.aug_assigns or name in self._mutated():
             return Fact(UNKNOWN, f"unknown: `{name}` is updated in place", node, "unknown")
         if self._rebound(name, func):
             return Fact(UNKNOWN, f"unknown: `{name}` is bound by a loop or an unpacking", node, "unknown")
@@ -885,6 +885,18 @@ class Resolver:
         if first.kind == "literal" and first.source == "literal":
             return Fact(first.value, f"literal (`{name} = {_short(assigns[0].value)}`)", assigns[0].value, "literal")
         return first
+
+    def _mutated(self) -> set:
+        """Names whose container is changed in place somewhere (``d[k] = v``, ``xs.append(v)``, ``d.update(...)``)."""
+        m = self.__dict__.get("_mutated_names")
+        if m is None:
+            m = set(getattr(self.t, "item_assigns", {}))
+            for _call, cname, _f in self.t.calls:
+                owner, _, meth = cname.rpartition(".")
+                if owner and meth in _MUTATORS:
+                    m.add(owner)
+            self._mutated_names = m
+        return m
 
     def _visible_assigns(self, name: str, func: FuncNode) -> list:
         """Assignments of ``name`` visible from ``func``: its own, then its enclosing functions', then the
@@ -945,7 +957,7 @@ class Resolver:
         owner = name.rsplit(".", 1)[0]
         busy = self.__dict__.setdefault("_fact_busy", set())
         own_assigns = self._visible_assigns(name, func) if name not in busy else []
-        if own_assigns and name in self.t.aug_assigns:
+        if own_assigns and (name in self.t.aug_assigns or name in self._mutated()):
             return Fact(UNKNOWN, f"unknown: `{name}` is updated in place", expr, "unknown")
         if own_assigns:
             busy.add(name)
@@ -1262,6 +1274,9 @@ class Fact:
 _ARGS_LIKE = __import__("re").compile(
     r"^(args|arg|opt|opts|options|cfg|config|conf|hparams|hp|params|flags|FLAGS|argv|arguments|\w+_args|args_\w+|\w+_cfg|\w+_config)$"
 )
+
+_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "add",
+                       "remove", "discard", "sort", "reverse"})
 
 _KIND_ORDER = {"literal": 0, "default": 1, "environment": 2, "unset": 3, "unknown": 3}
 
