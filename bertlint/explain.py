@@ -468,7 +468,78 @@ def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_
     mem = dict(first_order_memory(pseudo, sl, world, versions))
     mem["seq_len"], mem["seq_len_source"] = sl, sl_src
     d["memory"] = mem
+    try:
+        d["dry_run"] = loop_timeline(ctx, lp, b)
+    except Exception:  # the timeline is an extra: never break explain
+        d["dry_run"] = None
     return d
+
+
+# ------------------------------------------------------------------------------------------ per-loop dry run
+# (owned by the loop analysis: bertlint/analysis/dryrun.py, bertlint/trace.py)
+
+
+def loop_timeline(ctx, lp, micro_batch: Optional[int] = None, limit: int = 12) -> Optional[dict]:
+    """The dry run of one loop as a short micro-batch timeline: which calls run on which micro-batch, the loss
+    scale, when the optimizer really steps, and the effective batch that implies."""
+    from bertlint.analysis import dryrun
+
+    run = dryrun.of(ctx).run_of(lp)
+    if run is None:
+        return None
+    traces = [t for t in run.traces if t.complete and t.events]
+    if not traces:
+        notes = sorted({n for t in run.traces for n in t.notes})
+        return {"complete": False, "timeline": [], "configurations": len(run.traces), "notes": notes}
+    run.fill_lines()
+    tr = traces[0]
+    wins = tr.window_structure() or []
+    steps = [w.step.mb + 1 for w in wins]
+    sizes = [len(w.backwards) for w in wins]
+    full = max(set(sizes), key=sizes.count) if sizes else None
+    return {
+        "complete": True,
+        "n": tr.n,
+        "n_text": tr.n_text,
+        "n_source": tr.n_source,
+        "owner": tr.owner,
+        "configuration": tr.config_text() or None,
+        "configurations": len(run.traces),
+        "micro_batches": tr.micro_batches,
+        "epoch_length": tr.epoch_len,
+        "timeline": tr.timeline(limit=limit),
+        "steps_after": steps[:8],
+        "window_sizes": sizes[:8],
+        "window": full,
+        "effective_batch": (micro_batch * full) if (micro_batch and full) else None,
+    }
+
+
+def render_timeline(dr: Optional[dict]) -> list:
+    """Text lines of :func:`loop_timeline` for ``explain``'s text output."""
+    if not dr:
+        return []
+    if not dr.get("complete"):
+        why = "; ".join(dr.get("notes") or []) or "not understood"
+        return [f"  dry run:          no timeline ({why})"]
+    n = dr.get("n")
+    head = "  dry run:          "
+    if n is not None:
+        head += f"N = {n}" + (f" standing for `{dr['n_text']}`" if dr.get("n_source") == "representative" else "")
+    else:
+        head += "no accumulation factor found"
+    head += f", {dr.get('epoch_length')} micro-batches per epoch"
+    if dr.get("configuration"):
+        head += f", {dr['configuration']}"
+    if dr.get("configurations", 1) > 1:
+        head += f" ({dr['configurations']} configurations run)"
+    out = [head]
+    out.extend("    " + r for r in dr.get("timeline", []))
+    if dr.get("steps_after"):
+        eff = f"; effective batch {dr['effective_batch']} per device" if dr.get("effective_batch") else ""
+        out.append(f"    optimizer takes effect after micro-batches {', '.join(map(str, dr['steps_after']))} "
+                   f"(windows of {', '.join(map(str, dr['window_sizes']))}){eff}")
+    return out
 
 
 def _in_node(ctx, node, row: int) -> bool:
@@ -602,6 +673,7 @@ def render_text(rep: dict) -> str:
             suffix = "" if "—" in eff["formula"] else " (per device × accumulation × world size)"
             lines.append(f"  effective batch:  {eff['formula']}{suffix}")
         lines.append(f"  optimizer step:   {lp['optimizer_step']}; loss divided by N: {lp['loss_divided']}")
+        lines.extend(render_timeline(lp.get("dry_run")))
         mem = lp.get("memory") or {}
         if mem.get("total"):
             lines.append(f"  memory ({mem.get('method', 'first-order')}, seq_len {mem.get('seq_len')}): "
