@@ -1212,6 +1212,8 @@ class EvalFlow:
         if isinstance(expr, cst.Call):
             func = expr.func
             if self.is_forward(expr):
+                if isinstance(func, cst.Attribute) and func.attr.value in _STEP_METHODS - {"training_step"}:
+                    return False  # a validation / test step returns metrics the module chose: not known to carry
                 recv = forward_receiver(expr)
                 return self.grad_state(expr) == ENABLED and not (recv and frozen(self, recv))
             if isinstance(func, cst.Attribute):

@@ -41,6 +41,8 @@ def check(ctx) -> None:
                 continue
         if m.kbit and not m.peft:
             continue  # prepare_model_for_kbit_training enables checkpointing and the input-grad hook itself
+        if m.kbit_prep is not None and not _prep_without_checkpointing(m.kbit_prep):
+            continue  # prepare_model_for_kbit/int8_training installs the input-grad hook (use_gradient_checkpointing)
         for node, kwargs, via, reentrant, why in checkpointing_sites(s, tv, launch=True):
             if reentrant is not True:
                 continue
@@ -62,3 +64,11 @@ def check(ctx) -> None:
                 severity=sev,
             )
             break
+
+
+def _prep_without_checkpointing(call) -> bool:
+    """``prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)``: no input-grad hook then."""
+    from bertlint.analysis.symbols import kwarg, literal
+
+    e = kwarg(call, "use_gradient_checkpointing")
+    return e is not None and literal(e) is not True

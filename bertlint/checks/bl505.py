@@ -31,7 +31,14 @@ def _runs_steps(loop) -> bool:
         text = cst.Module(body=[]).code_for_node(stripped.body) if hasattr(stripped, "body") else ""
     except Exception:
         return False
-    return bool(_STEP_RE.search(text))
+    for m in _STEP_RE.finditer(text):
+        if m.group(0) == ".step(":
+            recv = re.search(r"([\w\]\)]+)\s*$", text[: m.start()])
+            name = (recv.group(1) if recv else "").lower()
+            if "sched" in name or name.startswith("lr") or "warmup" in name:
+                continue  # an epoch loop stepping its LR scheduler is not a per-step loop
+        return True
+    return False
 
 
 def _per_step_calls(ctx) -> list:
