@@ -373,8 +373,22 @@ class Resolver:
         self.t = table
 
     def value(self, expr: Optional[cst.BaseExpression], func: FuncNode = None, _depth: int = 0) -> Any:
+        if _depth == 0 and self.__dict__.get("_vbudget") is None:
+            # one top-level question gets a step budget: names assigned from each other can branch exponentially
+            self._vbudget = 20000
+            try:
+                return self.value(expr, func, -1)
+            finally:
+                self._vbudget = None
+        if _depth < 0:
+            _depth = 0
         if expr is None or _depth > 12:
             return UNKNOWN
+        vb = self.__dict__.get("_vbudget")
+        if vb is not None:
+            if vb <= 0:
+                return UNKNOWN
+            self._vbudget = vb - 1
         lit = literal(expr)
         if lit is not UNKNOWN:
             return lit
@@ -492,10 +506,16 @@ class Resolver:
         """The value of ``expr`` read in ``func`` with its source (see :class:`Fact`). Unlike ``value``, a
         parameter of a function, or an attribute of an object passed in, is UNKNOWN (never a default): only
         the file's own argparse / dataclass definitions give ``args.x`` a (launch-overridable) default."""
+        top = self.__dict__.get("_budget") is None
+        if top:
+            self._budget = 4000  # evaluation steps for one top-level question (aliases can branch)
         try:
             return self._fact(expr, func, 0)
         except RecursionError:
             return Fact(UNKNOWN, "unknown: too deep", expr, "unknown")
+        finally:
+            if top:
+                self._budget = None
 
     def call_kwargs(self, call: cst.Call, func: FuncNode = None) -> dict[str, "Fact"]:
         """Each keyword of ``call`` with its Fact, those from ``**{...}`` / ``**kwargs_dict`` / ``**dict(...)``
@@ -656,6 +676,11 @@ class Resolver:
     def _fact(self, expr: Optional[cst.BaseExpression], func: FuncNode, d: int) -> "Fact":
         if expr is None:
             return Fact(UNKNOWN, "unknown: no expression", None, "unknown")
+        b = self.__dict__.get("_budget")
+        if b is not None:
+            if b <= 0:
+                return Fact(UNKNOWN, "unknown: too many steps", expr, "unknown")
+            self._budget = b - 1
         if d > 14:
             return Fact(UNKNOWN, "unknown: too deep", expr, "unknown")
         lit = literal(expr)
@@ -776,10 +801,22 @@ class Resolver:
             facts = [f for f in items.values() if f.known]
             return Fact({k: f.value for k, f in items.items()}, "dict literal", expr, _weakest(*facts) if facts else "literal")
         if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
-            v = self.value(expr, func)
-            if v is UNKNOWN:
+            facts = []
+            for el in expr.elements:
+                if isinstance(el, cst.StarredElement):
+                    return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
+                f = self._fact(el.value, func, d)
+                if not f.known:
+                    return f
+                facts.append(f)
+            vals = [f.value for f in facts]
+            try:
+                v: Any = vals if isinstance(expr, cst.List) else tuple(vals) if isinstance(expr, cst.Tuple) else set(vals)
+            except TypeError:
                 return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
-            return Fact(v, "literal", expr, "literal")
+            kind = _weakest(*facts) if facts else "literal"
+            return Fact(v, "literal" if kind == "literal" and all(f.source.startswith("literal") for f in facts)
+                        else f"computed from {_join(*facts)}", expr, kind)
         if isinstance(expr, cst.Call):
             return self._fact_call(expr, func, d)
         return Fact(UNKNOWN, f"unknown: `{_short(expr)}`", expr, "unknown")
@@ -868,6 +905,17 @@ class Resolver:
             return Fact(UNKNOWN, f"unknown: `{name}` is updated in place", node, "unknown")
         if self._rebound(name, func):
             return Fact(UNKNOWN, f"unknown: `{name}` is bound by a loop or an unpacking", node, "unknown")
+        busy = self.__dict__.setdefault("_name_busy", set())
+        bkey = (name, id(func))
+        if bkey in busy:
+            return Fact(UNKNOWN, f"unknown: `{name}` depends on itself", node, "unknown")
+        busy.add(bkey)
+        try:
+            return self._fact_name_assigns(name, node, func, d)
+        finally:
+            busy.discard(bkey)
+
+    def _fact_name_assigns(self, name: str, node: cst.CSTNode, func: FuncNode, d: int) -> "Fact":
         assigns = self._visible_assigns(name, func)
         if not assigns:
             if name in self.t.imports:
@@ -988,7 +1036,15 @@ class Resolver:
         made = self._visible_assigns(owner, func)
         if len(made) == 1 and isinstance(made[0].value, (cst.Name, cst.Attribute)) and dotted(made[0].value) != owner:
             # an alias (``self.accelerator = accelerator``, ``acc = self.accelerator``): read through it
-            return self._fact_attr(cst.Attribute(value=made[0].value, attr=cst.Name(attr)), made[0].func, d + 1)
+            abusy = self.__dict__.setdefault("_alias_busy", set())
+            akey = (owner, attr, id(func))
+            if akey in abusy:
+                return Fact(UNKNOWN, f"unknown: `{name}` depends on itself", expr, "unknown")
+            abusy.add(akey)
+            try:
+                return self._fact_attr(cst.Attribute(value=made[0].value, attr=cst.Name(attr)), made[0].func, d + 1)
+            finally:
+                abusy.discard(akey)
         if on_self and not made:
             if _ARGS_LIKE.match(owner.split(".")[-1]):
                 cli = self._cli_fact(attr, expr, d)
