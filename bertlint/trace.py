@@ -191,6 +191,11 @@ class Window:
     events: list
     first_mb: int
     last_mb: int
+    steps: list = field(default_factory=list)  # every optimizer stepped at the end of this window
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            self.steps = [self.step]
 
     @property
     def backwards(self) -> list:
@@ -274,15 +279,19 @@ class Trace:
         if len(opts) == 1:
             return self.windows(opts[0])
         # several optimizers stepped together (GAN, prompt + model): a window ends at any of their steps, so each
-        # update owns the backwards since the previous one
-        out = []
+        # update owns the backwards since the previous one; steps with no backward between them share one window
+        out: list = []
         start = 0
         prev_mb = -1
         for i, e in enumerate(self.events):
             if e.kind == "step" and e.effective is True:
                 evs = self.events[start:i + 1]
                 bws = [x.mb for x in evs if x.kind == "backward"]
-                out.append(Window(e, evs, min(bws) if bws else prev_mb + 1, e.mb))
+                if out and not bws:
+                    out[-1].events.extend(evs)
+                    out[-1].steps.append(e)
+                else:
+                    out.append(Window(e, evs, min(bws) if bws else prev_mb + 1, e.mb))
                 start = i + 1
                 prev_mb = e.mb
         return out
@@ -419,7 +428,8 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
         first = w.events.index(bws[0])
         multi = len(trace.optimizers()) > 1
         clears = [e for e in w.events[first + 1:] if e.kind == "zero_grad" and e.effective is True and e.certain
-                  and not (e.of == "optimizer" and e.opt != w.step.opt) and not (multi and e.of != "optimizer")]
+                  and not (e.of == "optimizer" and e.opt not in {x.opt for x in w.steps})
+                  and not (multi and e.of != "optimizer")]
         if not clears:
             continue
         e = clears[-1]
@@ -433,7 +443,8 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
         scale = kept[0].scale.text(trace.n) if kept and kept[0].scale else "1"
         seen = (f"micro-batch {kept[-1].mb + 1} only" if len(kept) == 1 else
                 f"micro-batches {kept[0].mb + 1}–{kept[-1].mb + 1} only") if kept else "no backward"
-        msg = (f"{w.mbs}: backward ×{len(bws)}, `{clears[0].name}` {where}, `{w.step.name}` after the "
+        step = next((x for x in w.steps if x.opt == clears[0].opt), w.step)
+        msg = (f"{w.mbs}: backward ×{len(bws)}, `{clears[0].name}` {where}, `{step.name}` after the "
                f"{ordinal(len(bws))} → the update sees {seen}, weighted {scale}; the gradients of {lost} "
                f"micro-batch{'es' if lost != 1 else ''} are erased")
         out.append(Violation("BL102", clears[0], msg, {"lost": lost, "window": len(bws)}, [w.step]))

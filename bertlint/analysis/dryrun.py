@@ -43,6 +43,7 @@ from typing import Any, Optional
 import libcst as cst
 
 from bertlint import trace as T
+from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 
 REPRESENTATIVE_N = 4
@@ -329,6 +330,16 @@ def _run_loop(dr: FileDryRun, loop) -> list:
     else:
         ns = [(None, "none")]
     traces = []
+    if ns == [(None, "none")]:
+        probe = _Runner(dr, loop, None, "", {})
+        try:
+            probe.run()
+        except (_Split, _Abort, RecursionError):
+            pass
+        if probe.n_candidates:
+            v, text = probe.n_candidates[0]
+            n_text = text
+            ns = [(v, "resolved")] if v is not None else [(REPRESENTATIVE_N, "representative"), (1, "N = 1")]
     for n, src in ns:
         pending = [{}]
         done = 0
@@ -409,6 +420,7 @@ class _Runner:
         self.engine_micro = 0
         self.sync_control = False
         self.acc_used = False
+        self.n_candidates: list = []
         self.shared: dict = {}  # self.* attributes
         self._loader = None
         self._inside: set = set()
@@ -838,6 +850,8 @@ class _Runner:
                 if isinstance(base, DictVal) and key is not None:
                     base.slots[key] = v
             return
+        if isinstance(v, Num) and not v.text:
+            v = Num(v.v, v.is_n, d)  # the value remembers the name it was bound to (``N_ACCUM = 4``)
         if d.endswith(".require_backward_grad_sync"):
             self.grad_sync = v if isinstance(v, bool) else None
             self.sync_control = True
@@ -1155,6 +1169,12 @@ class _Runner:
 
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
+        if self.n is None and power < 0 and isinstance(v, (Num, _Unk)):
+            # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
+            # expression (through arguments and variables) is one; the loop is run again with it
+            src = v.text or text
+            if src and ACCUM_RE.search(src) and (not isinstance(v, Num) or v.v is None or v.v > 1):
+                self.n_candidates.append((v.v if isinstance(v, Num) else None, src))
         if isinstance(v, Num) and v.v is not None:
             if (v.is_n or (self.n is not None and self.n > 1 and v.v == self.n)) and v.v > 1:
                 return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
