@@ -105,6 +105,7 @@ ROLES = (
 
 Scope = Union[cst.FunctionDef, cst.ClassDef, None]
 
+_STEP_BUDGET = 400_000  # evaluation steps per file (r.all() on train_large.py takes ~1,300)
 _STRENGTH = {"constructor": 4, "usage": 3, "annotation": 3, "import": 2, "name": 1}
 
 
@@ -461,6 +462,7 @@ class Roles:
         self._family: dict[int, tuple[Optional[str], Optional[str]]] = {}
         self._func_ids: dict[int, cst.FunctionDef] = {}
         self._callsites: dict[int, list[tuple[cst.Call, Scope, int]]] = {}  # id(def) -> (call, scope, self_offset)
+        self._steps = 0
         self._collect()
 
     # ------------------------------------------------------------------ public
@@ -640,6 +642,12 @@ class Roles:
                 self._callsites.setdefault(id(fn), []).append((call, func, offset))
         self._collect_usage()
 
+    def _spend(self) -> bool:
+        """One evaluation step; True once the file's budget is spent (a safety net: a pathological file gets
+        fewer roles, never a hang)."""
+        self._steps += 1
+        return self._steps > _STEP_BUDGET
+
     def _add(self, key: tuple, b: _Binding) -> None:
         self._bind.setdefault(key, []).append(b)
 
@@ -720,6 +728,8 @@ class Roles:
     def _instance_class(self, e: cst.BaseExpression, func: Scope, depth: int) -> Optional[cst.ClassDef]:
         """The same-file class an expression is an instance of: ``GPT(...)``, a name bound to one, ``m.module``,
         ``DDP(m)`` / ``torch.compile(m)``, ``a if c else b`` when both agree."""
+        if self._spend():
+            return None
         if depth > 5:
             return None
         if isinstance(e, cst.Call):
@@ -1146,6 +1156,8 @@ class Roles:
         return ev
 
     def _element_evidence(self, it: Optional[cst.BaseExpression], scope: Scope, depth: int) -> list:
+        if self._spend():
+            return []
         if it is None or depth > 6:
             return []
         if isinstance(it, (cst.List, cst.Tuple, cst.Set)):
@@ -1180,6 +1192,8 @@ class Roles:
         return []
 
     def _expr_evidence(self, expr: cst.BaseExpression, scope: Scope, depth: int, before: int = 0) -> list:
+        if self._spend():
+            return []
         if depth > 10:
             return []
         if isinstance(expr, cst.Call):
@@ -1225,6 +1239,8 @@ class Roles:
         return []
 
     def _call_evidence(self, call: cst.Call, scope: Scope, index: Optional[int], depth: int, before: int = 0) -> list:
+        if self._spend():
+            return []
         if depth > 10:
             return []
         f = call.func
@@ -1433,6 +1449,8 @@ class Roles:
         """Model parameters: ``m.parameters()``, ``filter(..., m.parameters())``, a comprehension over
         ``named_parameters()``, a list of ``{"params": ...}`` groups, ``chain(...)``, list + list, a variable
         holding one of those."""
+        if self._spend():
+            return False
         if e is None or depth > 5:
             return False
         if isinstance(e, cst.Call):
@@ -1484,6 +1502,8 @@ class Roles:
     def _class_value_evidence(self, e: cst.BaseExpression, scope: Scope, depth: int) -> list:
         """Evidence for what instances of the class an expression holds are: ``AdamW``, ``cls_a if x else cls_b``,
         ``getattr(torch.optim, name)``, ``{"adam": AdamW, ...}[name]``, a variable holding one of these."""
+        if self._spend():
+            return []
         if depth > 8:
             return []
         if isinstance(e, cst.IfExp):
