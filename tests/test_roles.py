@@ -571,3 +571,17 @@ def test_single_target_fabric_setup_and_prepare():
     assert m.role == "model" and m.wrapped_by == "fabric"
     o = r.of("opt", main)
     assert o.role == "optimizer" and o.wrapped_by == "accelerator"
+
+
+def test_generate_is_not_a_graph_recording_forward():
+    t, r = _roles("""
+        from transformers import AutoModelForCausalLM
+        def main(ids):
+            model = AutoModelForCausalLM.from_pretrained("gpt2")
+            out = model.generate(ids)
+            logits = model(ids).logits
+    """)
+    main = _fn(t, "main")
+    calls = {n: c for c, n, f in t.calls}
+    assert r.is_forward(calls["model.generate"], main) is False
+    assert r.is_forward(calls["model"], main) is True

@@ -29,7 +29,8 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
     # "model" | "ddp_model" | "deepspeed_engine" | "lightning_module" are all models (a wrapped model is still
     # one): ``x.backward(loss)`` on any of them is an engine-style backward, whatever the precise role says.
     r.is_forward(call, func)               # True: a graph-recording forward (model(...), self(...) in a Module,
-                                           # self.forward(...)); False: known not (a pipeline, a tokenizer); None
+                                           # self.forward(...)); False: known not (a pipeline, a tokenizer,
+                                           # model.generate(...) which runs under no_grad); None: unknown
     r.class_family(classdef)               # "trainer" | "lightning_module" | "module" | "optimizer" |
                                            # "scheduler" | "pipeline" | "callback" | "dataset" | None (bases
                                            # followed through the file's own classes and imports:
@@ -530,6 +531,12 @@ class Roles:
         ``self(x)`` / ``self.forward(x)`` inside an nn.Module / LightningModule method. False for a pipeline or
         a known non-model; None when unknown."""
         f = call.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "generate":
+            # transformers' GenerationMixin.generate runs under torch.no_grad(): not graph-recording
+            r = self._path_role(dotted(f.value) or "", scope) if dotted(f.value) else None
+            if r is not None and r.confident and r.role in _MODEL_LIKE | {"pipeline"}:
+                return False
+            return None
         if isinstance(f, cst.Attribute) and f.attr.value == "forward":
             f = f.value
         path = dotted(f)
