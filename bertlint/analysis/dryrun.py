@@ -191,6 +191,7 @@ class FileDryRun:
         self._defs: dict = {}
         self._nc: dict = {}
         self._rel: dict = {}
+        self._roles: dict = {}
         try:
             self.roles = ctx.roles
         except Exception:  # roles unavailable: the loop model's receiver table alone
@@ -249,7 +250,19 @@ class FileDryRun:
 
     def pure_calls(self, expr) -> bool:
         """Every call in the expression is a builtin without side effects (``len(cfg.gpus)``)."""
-        return all(isinstance(n.func, cst.Name) and n.func.value in _PURE for n in _walk(expr) if type(n) is cst.Call)
+        k = ("pure", id(expr))
+        v = self._nc.get(k)
+        if v is None:
+            v = self._nc[k] = all(isinstance(n.func, cst.Name) and n.func.value in _PURE
+                                  for n in _walk(expr) if type(n) is cst.Call)
+        return v
+
+    def role(self, recv: Optional[str], func) -> tuple:
+        k = (recv, id(func))
+        v = self._roles.get(k)
+        if v is None:
+            v = self._roles[k] = _role(self.f, recv, self.roles, func)
+        return v
 
     def names_calls(self, expr) -> tuple:
         k = id(expr)
@@ -340,6 +353,8 @@ def _run_loop(dr: FileDryRun, loop) -> list:
             v, text = probe.n_candidates[0]
             n_text = text
             ns = [(v, "resolved")] if v is not None else [(REPRESENTATIVE_N, "representative"), (1, "N = 1")]
+    if len(ns) > 1 and ns[1][1] == "N = 1" and not _compares(dr, loop, n_text):
+        ns = ns[:1]  # nothing in the loop tests N itself: the N = 1 run would only repeat the plain arm
     for n, src in ns:
         pending = [{}]
         done = 0
@@ -363,6 +378,18 @@ def _run_loop(dr: FileDryRun, loop) -> list:
             traces.append(tr)
             done += 1
     return traces
+
+
+def _compares(dr, loop, n_text: str) -> bool:
+    """Some comparison in the loop (or a helper it calls) reads the accumulation factor (``if N > 1:``)."""
+    if not n_text:
+        return False
+    nodes = [loop.node] + list(loop.callees) + list(loop.outer[:1])
+    for node in nodes:
+        for n in _walk(node):
+            if type(n) is cst.Comparison and n_text in dr.code(n):
+                return True
+    return False
 
 
 def _window_factor(dr, loop):
@@ -733,7 +760,7 @@ class _Runner:
                 attr = e.func.attr.value
                 recv = dotted(e.func.value)
                 if attr == "accumulate" and recv is not None:
-                    k, _ = _role(self.f, recv, self.roles, frame.func)
+                    k, _ = self.dr.role(recv, frame.func)
                     if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
                         acc = True
                         self._enter_accumulate()
@@ -1211,7 +1238,7 @@ class _Runner:
         bstyle = _backward_style(f, call)
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
-        rkind, conf = _role(f, recv, self.roles, frame.func) if recv else (None, False)
+        rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
         # arguments first (calls inside them run first)
         argv = []
         if attr not in ("step",) or rkind not in ("optimizer", "ds_optimizer"):
