@@ -500,6 +500,9 @@ class EvalFlow:
             if isinstance(c.func, cst.Name) and not is_method:
                 sites.append(c)
             elif isinstance(c.func, cst.Attribute):
+                recv = dotted(c.func.value) or ""
+                if is_method and recv.startswith(("self.", "cls.")):
+                    continue  # `self.model.train()`: another object's method of the same name
                 sites.append(c)
         refs = []
         for nm in self._names_by_value().get(name, ()):
@@ -508,6 +511,10 @@ class EvalFlow:
                 continue
             if isinstance(p, (cst.FunctionDef, cst.ClassDef)) and p.name is nm:
                 continue  # another definition with the same name
+            if isinstance(p, cst.Arg) and p.keyword is nm or isinstance(p, cst.Param) and p.name is nm:
+                continue  # `f(train=False)`, `def g(train)`: a keyword / parameter of the same name
+            if is_method and not isinstance(p, cst.Attribute):
+                continue  # a method is reached through `self.name` / `obj.name`, never a bare name
             if isinstance(p, cst.Call) and p.func is nm:
                 continue
             if isinstance(p, cst.Attribute) and p.attr is nm:
