@@ -585,3 +585,33 @@ def test_generate_is_not_a_graph_recording_forward():
     calls = {n: c for c, n, f in t.calls}
     assert r.is_forward(calls["model.generate"], main) is False
     assert r.is_forward(calls["model"], main) is True
+
+
+def test_iterated_by_the_training_loop_is_a_loader():
+    t, r = _roles("""
+        from tqdm import tqdm
+        def train(model, opt, batches, epochs):
+            for epoch in range(epochs):
+                for step, batch in enumerate(tqdm(batches)):
+                    model(batch).backward()
+    """)
+    tr = _fn(t, "train")
+    b = r.of("batches", tr)
+    assert b.role == "dataloader" and b.confident
+    assert r.role("epochs", tr) is None
+
+
+def test_a_list_of_optimizers_iterated_in_the_loop_is_not_a_loader():
+    t, r = _roles("""
+        def train(model, optimizers, loader, opts2):
+            for batch in loader:
+                model(batch).backward()
+                for opt in optimizers:
+                    opt.step()
+                for o in opts2:
+                    o.zero_grad()
+    """)
+    tr = _fn(t, "train")
+    assert r.role("loader", tr) == "dataloader"
+    assert r.role("optimizers", tr) != "dataloader"
+    assert r.role("opts2", tr) != "dataloader"

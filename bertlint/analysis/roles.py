@@ -845,6 +845,31 @@ class Roles:
         self._methods = methods
         for call, func in t.backward_calls:
             self._loss_sources(call, func)
+        # a loader: iterated by the innermost for-loop whose body runs a backward (``enumerate(x)``, ``tqdm(x)``)
+        innermost = set()
+        for c, _f in t.backward_calls:
+            loops = getattr(t, "backward_loops", {}).get(id(c)) or []
+            if loops:
+                innermost.add(id(loops[-1]))
+        for node, func, _ in t.loop_nodes:
+            if not isinstance(node, cst.For) or id(node) not in innermost:
+                continue  # no backward inside, or an outer (epoch) loop around the micro-batch loop
+            it = node.iter
+            while isinstance(it, cst.Call) and (call_name(it) or "").rpartition(".")[2] in ("enumerate", "tqdm", "iter",
+                                                                                             "islice", "zip") and it.args:
+                it = it.args[0].value
+            d = dotted(it)
+            if d and d != "self" and d.split(".")[0] not in t.imports:
+                key = (self._sid_for(d, func), d)
+                if any(b.kind == "assign" and isinstance(b.value, (cst.List, cst.Tuple, cst.Set, cst.Dict, cst.ListComp,
+                                                                  cst.DictComp, cst.GeneratorExp))
+                       for b in self._bind.get(key, ())):
+                    continue  # a list of optimizers / models / losses, not a loader
+                tgt = _target_names(node.target)
+                if any(n in ("step", "zero_grad") for tn in tgt for n in methods.get((self._sid_for(tn, func), tn), {})):
+                    continue  # ``for opt in optimizers: opt.step()``
+                self._ev(key, "usage", "dataloader",
+                         f"iterated by the training loop (`for ... in {_code(node.iter)}`)", node, weak=True)
 
     def _loss_sources(self, call: cst.Call, func: Scope) -> None:
         """A model is what produces the loss that reaches a backward: follow the loss back through the

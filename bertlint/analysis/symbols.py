@@ -145,6 +145,7 @@ class SymbolTable(cst.CSTVisitor):
         self.stmt_calls: list[tuple[cst.Call, FuncNode]] = []  # calls that are a whole statement (``model.to(dev)``)
         self.defs: list[cst.CSTNode] = []  # every FunctionDef / ClassDef in pre-order
         self.backward_calls: list[tuple[cst.Call, FuncNode]] = []  # ``<anything>.backward(...)`` / ``manual_backward``
+        self.backward_loops: dict[int, list] = {}  # id(backward call) -> enclosing for/while loops (outermost first)
         # for Resolver.fact: bindings that make a name's value not a single assignment
         self.aug_assigns: dict[str, list[tuple[cst.AugAssign, FuncNode]]] = {}  # ``x += 1``
         self.item_assigns: dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression, FuncNode]]] = {}  # d[k] = v
@@ -299,6 +300,7 @@ class SymbolTable(cst.CSTVisitor):
         f = node.func
         if isinstance(f, cst.Attribute) and f.attr.value in ("backward", "manual_backward"):
             self.backward_calls.append((node, self._func_stack[-1] if self._func_stack else None))
+            self.backward_loops[id(node)] = list(self._loop_stack[-1])
         if name:
             self.calls.append((node, name, self._func_stack[-1] if self._func_stack else None))
         if name and name.endswith("add_argument"):
