@@ -615,3 +615,21 @@ def test_a_list_of_optimizers_iterated_in_the_loop_is_not_a_loader():
     assert r.role("loader", tr) == "dataloader"
     assert r.role("optimizers", tr) != "dataloader"
     assert r.role("opts2", tr) != "dataloader"
+
+
+def test_own_optimizer_and_scheduler_classes():
+    t, r = _roles("""
+        import torch
+        from torch.optim.lr_scheduler import LambdaLR
+        class MyAdam(torch.optim.Optimizer):
+            pass
+        class Warmup(LambdaLR):
+            pass
+        def main(model):
+            opt = MyAdam(model.parameters())
+            sched = Warmup(opt, lambda s: 1.0)
+    """)
+    main = _fn(t, "main")
+    assert r.class_family(t.classes["MyAdam"]) == "optimizer"
+    assert r.role("opt", main) == "optimizer" and r.of("opt", main).confident
+    assert r.role("sched", main) == "scheduler"
