@@ -1294,7 +1294,9 @@ class Roles:
         if last in ("prepare", "setup") and recv:
             rr = self._path_role(recv, scope)
             if rr is not None and (rr.role == "accelerator" and last == "prepare" or rr.role == "fabric"):
-                args = [a.value for a in call.args if a.keyword is None and not a.star]
+                if any(a.star for a in call.args):
+                    return []  # ``prepare(*objs)``: positions unknown
+                args = [a.value for a in call.args if a.keyword is None]
                 i = index if index is not None else 0
                 if i < len(args):
                     sub = decide(self._expr_evidence(args[i], scope, depth + 1, before))
