@@ -1168,11 +1168,16 @@ class Roles:
         site_roles: set = set()
         for call, cscope, offset in self._callsites.get(id(fn), [])[:12]:
             arg = None
-            if not kwonly and idx - offset >= 0:
-                arg = positional(call, idx - offset)
+            j = idx - offset
+            pos_args = [a for a in call.args if a.keyword is None]
+            if not kwonly and j >= 0:
+                if any(a.star for a in pos_args[: j + 1]):
+                    continue  # ``f(*xs)``: which argument lands here is unknown
+                if j < len(pos_args):
+                    arg = pos_args[j].value
             if arg is None:
                 arg = kwarg(call, name)
-            if arg is None or any(a.star for a in call.args if a.keyword is None and positional(call, idx - offset) is None):
+            if arg is None:
                 continue
             sub = decide(self._expr_evidence(arg, cscope, depth + 1))
             if sub is None or not sub.confident:
