@@ -633,3 +633,14 @@ def test_own_optimizer_and_scheduler_classes():
     assert r.class_family(t.classes["MyAdam"]) == "optimizer"
     assert r.role("opt", main) == "optimizer" and r.of("opt", main).confident
     assert r.role("sched", main) == "scheduler"
+
+
+def test_class_attributes_do_not_leak_into_module_names():
+    t, r = _roles("""
+        import torch
+        class Config:
+            optimizer = "adamw"
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    """)
+    assert r.role("optimizer") == "optimizer"
+    assert not r.of("optimizer").conflicts

@@ -618,8 +618,11 @@ class Roles:
             if isinstance(node, cst.For):
                 for n in _target_names(node.target):
                     self._loop_targets.add((self._sid_for(n, func), n))
+        body_nodes = getattr(t, "class_body_nodes", ())
         for name, assigns in t.assignments.items():
             for a in assigns:
+                if id(a.node) in body_nodes:
+                    continue  # a class attribute, not a module-level name
                 if isinstance(a.node, (cst.Assign, cst.AnnAssign)) and a.value is not None and name != "_":
                     self._add((self._sid_for(name, a.func), name),
                               _Binding("assign", a.value, a.node, a.func, seq=getattr(a, "seq", 0)))
