@@ -416,39 +416,64 @@ def steps_delayed(trace: Trace) -> list:
 
 
 def grads_not_cleared_in_window(trace: Trace) -> list:
-    """BL102: between two effective optimizer steps, no ``zero_grad`` after the window's first backward."""
-    wins = trace.window_structure()
-    if not wins:
+    """BL102: between two effective steps of an optimizer, no ``zero_grad`` of it erases the gradients that earlier
+    micro-batches of the window accumulated (each optimizer has its own windows: a GAN's critic and generator)."""
+    if trace.window_structure() is None and not _per_opt_ok(trace):
         return []
+    opts = trace.optimizers()
     out = []
-    for w in wins:
-        bws = [b for b in w.backwards if b.certain]
-        if len(bws) < 2:
-            continue
-        first = w.events.index(bws[0])
-        multi = len(trace.optimizers()) > 1
-        clears = [e for e in w.events[first + 1:] if e.kind == "zero_grad" and e.effective is True and e.certain
-                  and not (e.of == "optimizer" and e.opt not in {x.opt for x in w.steps})
-                  and not (multi and e.of != "optimizer")]
-        if not clears:
-            continue
-        e = clears[-1]
-        pos = w.events.index(e)
-        before = [b for b in bws if w.events.index(b) < pos]
-        kept = [b for b in bws if w.events.index(b) > pos]
-        lost = len(before)
-        each = all(any(z.kind == "zero_grad" and z.effective for z in _between(w.events, a, b))
-                   for a, b in zip(bws, bws[1:]))
-        where = "before each" if each else f"after micro-batch {before[-1].mb + 1}"
-        scale = kept[0].scale.text(trace.n) if kept and kept[0].scale else "1"
-        seen = (f"micro-batch {kept[-1].mb + 1} only" if len(kept) == 1 else
-                f"micro-batches {kept[0].mb + 1}–{kept[-1].mb + 1} only") if kept else "no backward"
-        step = next((x for x in w.steps if x.opt == clears[0].opt), w.step)
-        msg = (f"{w.mbs}: backward ×{len(bws)}, `{clears[0].name}` {where}, `{step.name}` after the "
-               f"{ordinal(len(bws))} → the update sees {seen}, weighted {scale}; the gradients of {lost} "
-               f"micro-batch{'es' if lost != 1 else ''} are erased")
-        out.append(Violation("BL102", clears[0], msg, {"lost": lost, "window": len(bws)}, [w.step]))
+    for opt in opts:
+        for w in trace.windows(opt):
+            bws = [b for b in w.backwards if b.certain]
+            if len({b.mb for b in bws}) < 2:
+                continue
+            first = w.events.index(bws[0])
+            clears = [e for e in w.events[first + 1:] if e.kind == "zero_grad" and e.effective is True and e.certain
+                      and ((e.of == "optimizer" and e.opt == opt) or (e.of != "optimizer" and len(opts) == 1))]
+            if len(opts) > 1:
+                # several optimizers: a backward followed by another optimizer's step (before the next backward)
+                # fed that optimizer (a GAN's critic); only the others can be erased for this one
+                bws = [b for b in bws if not _claimed(trace, b, opt)]
+                if len({b.mb for b in bws}) < 2:
+                    continue
+            clears = [e for e in clears if any(b.mb < e.mb for b in bws)]
+            if not clears:
+                continue
+            e = clears[-1]
+            pos = w.events.index(e)
+            before = [b for b in bws if w.events.index(b) < pos and b.mb < e.mb]
+            kept = [b for b in bws if w.events.index(b) > pos]
+            lost = len({b.mb for b in before})
+            mbs = sorted({b.mb for b in bws})
+            each = len(clears) >= len(mbs) - 1
+            where = "before each" if each else f"after micro-batch {before[-1].mb + 1}"
+            kmbs = sorted({b.mb for b in kept})
+            scale = kept[0].scale.text(trace.n) if kept and kept[0].scale else "1"
+            seen = (f"micro-batch {kmbs[-1] + 1} only" if len(kmbs) == 1 else
+                    f"micro-batches {kmbs[0] + 1}–{kmbs[-1] + 1} only") if kept else "no backward"
+            msg = (f"{w.mbs}: backward ×{len(bws)}, `{clears[0].name}` {where}, `{w.step.name}` after the "
+                   f"{ordinal(len(mbs))} micro-batch → the update sees {seen}, weighted {scale}; the gradients of "
+                   f"{lost} micro-batch{'es' if lost != 1 else ''} are erased")
+            out.append(Violation("BL102", clears[0], msg, {"lost": lost, "window": len(mbs)}, [w.step]))
+            break
     return _first_unique(out)
+
+
+def _claimed(trace: Trace, b: Event, opt: str) -> bool:
+    """Another optimizer takes an effective step after ``b`` and before the next backward."""
+    i = trace.events.index(b)
+    for e in trace.events[i + 1:]:
+        if e.kind == "backward":
+            return False
+        if e.kind == "step" and e.effective is True and e.opt != opt:
+            return True
+    return False
+
+
+def _per_opt_ok(trace: Trace) -> bool:
+    """Every step is certain and its effect known (each optimizer's own windows are then exact)."""
+    steps = trace.of("step")
+    return bool(steps) and all(e.certain and e.effective is not None for e in steps)
 
 
 def _between(events: list, a: Event, b: Event) -> list:

@@ -197,7 +197,7 @@ class FileDryRun:
         except Exception:  # roles unavailable: the loop model's receiver table alone
             self.roles = None
         self._inside: dict = {}
-        for loop in self.f:
+        for loop in list(self.f) + _manual_steps(self):
             try:
                 self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
             except RecursionError:
@@ -380,6 +380,59 @@ def _run_loop(dr: FileDryRun, loop) -> list:
     return traces
 
 
+class ManualStep:
+    """A LightningModule's ``training_step`` under manual optimization (``self.automatic_optimization = False``),
+    seen as the body of Lightning's micro-batch loop (the shape of ``loops.TrainingLoop`` the dry run reads)."""
+
+    def __init__(self, dr, func, cls) -> None:
+        self.node = func
+        self.func = func
+        self.cls = cls
+        self.outer: list = []
+        self.window_of = None
+        self.owner = "lightning-manual"
+        self.index = None
+        self.callees: list = []
+        from bertlint.analysis.loops import _assigned_names
+
+        self.assigned = _assigned_names(func)
+        self._dr = dr
+
+    def accum(self):
+        """The modulus of the step gate (``(batch_idx + 1) % self.accumulate_grad_batches == 0``)."""
+        f = self._dr.f
+        for n in _walk(self.func.body):
+            if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo:
+                m = n.right
+                if ACCUM_RE.search(self._dr.code(m)):
+                    return f.factor(m, "gate", self.func)
+        return None
+
+
+def _manual_steps(dr) -> list:
+    out = []
+    f = dr.f
+    for name, cls in f.t.classes.items():
+        meth = f.c.class_methods.get(name, {}).get("training_step")
+        if meth is None:
+            continue
+        is_lm = f.is_lightning_module(cls)
+        if not is_lm and dr.roles is not None:
+            try:
+                is_lm = dr.roles.class_family(cls) == "lightning_module"
+            except Exception:
+                is_lm = False
+        if not is_lm:
+            continue
+        text = dr.code(cls)
+        if "automatic_optimization = False" not in text and "automatic_optimization=False" not in text:
+            continue
+        if "manual_backward" not in dr.code(meth):
+            continue
+        out.append(ManualStep(dr, meth, cls))
+    return out
+
+
 def _compares(dr, loop, n_text: str) -> bool:
     """Some comparison in the loop (or a helper it calls) reads the accumulation factor (``if N > 1:``)."""
     if not n_text:
@@ -487,6 +540,8 @@ class _Runner:
     # ------------------------------------------------------------------ run
     def run(self) -> T.Trace:
         loop = self.loop
+        if isinstance(loop, ManualStep):
+            return self._run_manual()
         chain = [o for o in loop.outer] + [loop.node]
         outermost = chain[0]
         self._inside = self.dr.inside(outermost)
@@ -533,6 +588,31 @@ class _Runner:
         if "accelerator" in styles:
             return "accelerate-manual" if static != "unknown" else static
         return "plain"
+
+    def _run_manual(self) -> T.Trace:
+        """Lightning manual optimization: Lightning's own loop calls ``training_step(batch, batch_idx)`` once per
+        micro-batch; the body is run with ``batch_idx`` counting from 0 in each epoch."""
+        fn = self.loop.func
+        params = [p.name.value for p in fn.params.params]
+        idx_name = params[2] if len(params) > 2 else None
+        self.in_micro += 1
+        for ep in range(2):
+            self.epoch = ep
+            for k in range(self.length):
+                self.mb += 1
+                self.last_iter = k == self.length - 1
+                frame = _Frame(fn, self.loop.cls, 0)
+                for nm in params[1:]:
+                    frame.locals[nm] = UNK
+                if idx_name:
+                    frame.locals[idx_name] = Num(k)
+                self._block(_body(fn.body), frame)
+        self.in_micro -= 1
+        self.trace.epochs = 2
+        self.trace.epoch_len = self.length
+        self.trace.owner = "lightning-manual"
+        self.trace.sync_control = True
+        return self.trace
 
     def tick(self, k: int = 1) -> None:
         self.cost += k

@@ -13,7 +13,7 @@ from bertlint.analysis.loops import Event, Gate, TrainingLoop
 from bertlint.analysis.symbols import code_of, dotted
 from bertlint.types import Applicability, Edit, Position, Severity
 
-PLAIN_OWNERS = ("plain", "fabric", "accelerate-manual")
+PLAIN_OWNERS = ("plain", "fabric", "accelerate-manual", "lightning-manual")
 
 
 def fw(ctx, package: str, display: Optional[str] = None) -> str:
@@ -239,6 +239,8 @@ def owner_note(ctx, loop: TrainingLoop) -> str:
         return f"accelerate accumulate(), {fw(ctx, 'accelerate')}"
     if owner == "deepspeed":
         return f"DeepSpeed engine, {fw(ctx, 'deepspeed')}"
+    if owner == "lightning-manual":
+        return f"Lightning manual optimization, {fw(ctx, 'lightning')}"
     return f"hand-written PyTorch loop, {fw(ctx, 'torch')}"
 
 

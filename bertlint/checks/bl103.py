@@ -16,7 +16,7 @@ from bertlint.types import Severity
 @rule("BL103", "loss-not-scaled", Severity.WARNING, "hand-written accumulation without dividing the loss by N")
 def check(ctx) -> None:
     f = ctx.loops
-    for run, v, tr in _ga.violations(ctx, "BL103", ("plain", "fabric")):
+    for run, v, tr in _ga.violations(ctx, "BL103", ("plain", "fabric", "lightning-manual")):
         n = _ga.n_of(tr)
         sgd = any(k == "optimizer" and "SGD" in (_ctor(f, name) or "") for name, k in f.kinds.items())
         _ga.treport(
