@@ -14,7 +14,8 @@ hashes:
   configuration file);
 - what the version discovery reads: the pin files above the file (``requirements*.txt``, ``pyproject.toml`` ...;
   their modification times, from ``bertlint.analysis.versions``) and the pins it resolved from them, and the
-  installed distributions (each ``sys.path`` folder's modification time, which an install or uninstall changes);
+  installed distributions (the names of the training frameworks' ``*.dist-info`` folders on ``sys.path``, which
+  carry their versions);
 - the launcher and configuration files beside the file (``*.json``, ``*.yaml``, ``*.sh`` ... in its folder and in
   ``configs/``, ``config/``, ``accelerate_configs/``: names, sizes, modification times).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from typing import Any, Optional
 
@@ -160,20 +162,24 @@ def settings_key(settings) -> str:
 
 
 _INSTALLED: Optional[list] = None
+_DIST = re.compile(
+    r"^(torch|transformers|accelerate|deepspeed|lightning|pytorch_lightning|peft|trl)-[^-]+\.(dist|egg)-info$", re.I
+)
 
 
 def _installed_stamp() -> list:
-    """The installed distributions, cheaply: each sys.path folder's modification time (pip adds and removes
-    ``*.dist-info`` folders there). Reading the versions themselves costs tens of milliseconds."""
+    """The installed distributions the version discovery reads (``importlib.metadata``), cheaply: the names of
+    their ``*.dist-info`` folders on ``sys.path`` (the name carries the version). Reading the versions through
+    ``importlib.metadata`` costs tens of milliseconds."""
     global _INSTALLED
     if _INSTALLED is None:
         out = []
         for p in sys.path:
             try:
-                if p and os.path.isdir(p):
-                    out.append([p, os.stat(p).st_mtime_ns])
+                names = os.listdir(p or ".")
             except OSError:
-                pass
+                continue
+            out.extend(sorted(n for n in names if _DIST.match(n)))
         _INSTALLED = out
     return _INSTALLED
 

@@ -106,6 +106,10 @@ def test_what_changes_the_result_misses(tmp_path, capsys):
     assert hits(run(capsys, *SEL, "a.py")[2]) == (0, 1)
     (tmp_path / "ds_config.json").write_text('{"train_batch_size": 8}\n')  # a launcher configuration beside it
     assert hits(run(capsys, *SEL, "a.py")[2]) == (0, 1)
+    from bertlint import cache
+
+    # the installed frameworks are part of the key by their dist-info names (which carry the versions)
+    assert any(n.startswith("torch-") and n.endswith(".dist-info") for n in cache._installed_stamp())
 
 
 def test_a_changed_rule_misses(tmp_path, capsys):
