@@ -957,6 +957,8 @@ class _Runner:
                 if isinstance(base, DictVal) and key is not None:
                     base.slots[key] = v
             return
+        if self.n_text and d == self.n_text and self.n is not None and not (isinstance(v, Num) and v.v is not None):
+            v = Num(self.n, True, d)  # the accumulation factor keeps the value the run uses
         if isinstance(v, Num) and not v.text:
             v = Num(v.v, v.is_n, d)  # the value remembers the name it was bound to (``N_ACCUM = 4``)
         if d.endswith(".require_backward_grad_sync"):
