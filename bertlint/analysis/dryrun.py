@@ -501,6 +501,8 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.alias_depth = 0
+        self.store_logs: list = []
         self.shared: dict = {}  # self.* attributes
         self._loader = None
         self._inside: set = set()
@@ -818,6 +820,7 @@ class _Runner:
         self.certain = False
         self.conds.append((line, stmt.test))
         before_l, before_s = dict(frame.locals), dict(self.shared)
+        self.store_logs.append(set())
         try:
             self._block(_body(stmt.body), frame, chain, level)
             if stmt.orelse is not None:
@@ -828,8 +831,11 @@ class _Runner:
         finally:
             self.certain = saved
             self.conds.pop()
-            _merge(frame.locals, before_l)
-            _merge(self.shared, before_s)
+            stored = self.store_logs.pop()
+            if self.store_logs:
+                self.store_logs[-1] |= stored
+            _merge(frame.locals, before_l, stored)
+            _merge(self.shared, before_s, stored)
         return None
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
@@ -990,6 +996,8 @@ class _Runner:
 
     # ------------------------------------------------------------------ names
     def store(self, name: str, v, frame) -> None:
+        if self.store_logs:
+            self.store_logs[-1].add(name)
         if name.startswith("self."):
             self.shared[name] = v
         else:
@@ -1002,7 +1010,10 @@ class _Runner:
         elif name in frame.locals:
             return frame.locals[name]
         v = self._initial(name, frame)
-        self.store(name, v, frame)
+        if name.startswith("self."):  # a first read is not a store (an undecided branch does not change it)
+            self.shared[name] = v
+        else:
+            frame.locals[name] = v
         return v
 
     def _initial(self, name: str, frame):
@@ -1011,6 +1022,11 @@ class _Runner:
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
         func = frame.func
+        if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
+            head = name.rsplit(".", 1)[0]
+            if self.dr.role(head, func)[0] == "accelerator":
+                v = self.acc_n[0]
+                return Num(v, is_n=bool(v and v > 1), text=name)  # the Accelerator's own N
         varies = name in self.loop_names or name.split(".")[0] in self.loop_names or frame.depth > 0 and False
         lit = None
         try:
@@ -1030,11 +1046,19 @@ class _Runner:
             if isinstance(lit, Num) and lit.v == 1 and self.f._from_cli(_name_expr(name), func, 0):
                 return _Unk(True, name)
             return lit
-        # a single assignment in the function to the N expression (``ga = args.gradient_accumulation_steps``)
-        if self.n_text:
-            for a in (self.t.assignments_of(name, func) or [])[:2]:
-                if self.dr.code(a.value) == self.n_text:
-                    return Num(self.n, is_n=True, text=name)
+        # an alias assigned once in the function (``ga = args.gradient_accumulation_steps``, possibly inside an
+        # ``if`` the run did not enter): its value is the aliased expression's
+        assigns = self.t.assignments_of(name, func) or []
+        if assigns and len({self.dr.code(a.value) for a in assigns}) == 1 and self.alias_depth < 3:
+            val = assigns[0].value
+            if isinstance(val, (cst.Name, cst.Attribute, cst.Subscript)):
+                self.alias_depth += 1
+                try:
+                    v = self.ev(val, frame)
+                finally:
+                    self.alias_depth -= 1
+                if isinstance(v, Num) and v.v is not None:
+                    return Num(v.v, v.is_n, v.text or name)
         return _Unk(True, name)
 
     def _counter_init(self, name: str, func):
@@ -1570,8 +1594,14 @@ class _Runner:
             if kwarg(call, "scale_wrt_gas") is None:
                 scale = _times(scale, T.Factor(T.ACCUM_FRAMEWORK, "gradient_accumulation_steps", power=-1,
                                                who="the DeepSpeed engine"))
-        elif style in ("engine-like",):
-            scale = None
+        elif style == "engine-like":
+            if recv and self.dr.role(recv, frame.func)[0] == "engine" and scale is not None:
+                if kwarg(call, "scale_wrt_gas") is None:
+                    scale = _times(scale, T.Factor(T.ACCUM_FRAMEWORK, "gradient_accumulation_steps", power=-1,
+                                                   who="the DeepSpeed engine"))
+                style = "engine"
+            else:
+                scale = None
         if scaled:
             self.scaled = True
         if not self.in_micro:
@@ -1645,9 +1675,11 @@ def _str_key(e) -> Optional[str]:
     return k.value[1:-1]
 
 
-def _merge(now: dict, before: dict) -> None:
+def _merge(now: dict, before: dict, stored: set) -> None:
     """After an undecided branch: what it changed is unknown (a loss keeps its scale only if it is unchanged)."""
     for k, v in list(now.items()):
+        if k not in stored:
+            continue
         old = before.get(k, _MISSING)
         if v is old:
             continue
