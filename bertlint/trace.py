@@ -462,12 +462,15 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
 def _claimed(trace: Trace, b: Event, opt: str) -> bool:
     """Another optimizer takes an effective step after ``b`` and before the next backward."""
     i = trace.events.index(b)
+    others = False
     for e in trace.events[i + 1:]:
         if e.kind == "backward":
-            return False
-        if e.kind == "step" and e.effective is True and e.opt != opt:
-            return True
-    return False
+            break
+        if e.kind == "step" and e.effective is True:
+            if e.opt == opt:
+                return False  # stepped together with the others: the backward fed them all
+            others = True
+    return others
 
 
 def _per_opt_ok(trace: Trace) -> bool:
