@@ -84,6 +84,26 @@ ARG_DEFAULTS: dict[str, Any] = {
     "use_cache": False,
 }
 
+# TrainingArguments fields (a subset that dict-of-keywords detection reads; all exist in 4.30-5.24) and those specific
+# to it (not common words of other configs)
+_TA_SPECIFIC = {
+    "output_dir", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+    "num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "logging_steps", "save_steps", "eval_steps",
+    "save_strategy", "eval_strategy", "evaluation_strategy", "logging_strategy", "save_total_limit",
+    "gradient_checkpointing", "auto_find_batch_size", "dataloader_pin_memory", "dataloader_num_workers",
+    "remove_unused_columns", "load_best_model_at_end", "metric_for_best_model", "report_to", "push_to_hub",
+    "lr_scheduler_type", "max_grad_norm", "full_determinism", "do_train", "do_eval", "do_predict", "use_cpu",
+    "dataloader_drop_last", "eval_accumulation_steps", "ddp_find_unused_parameters", "deepspeed", "fsdp",
+    "fsdp_config", "overwrite_output_dir", "logging_dir", "bf16", "fp16", "optim", "group_by_length", "run_name",
+}
+_TA_FIELDS = _TA_SPECIFIC | {
+    "learning_rate", "weight_decay", "seed", "adam_beta1", "adam_beta2", "adam_epsilon", "no_cuda", "local_rank",
+    "label_names", "torch_compile", "tf32", "hub_model_id", "hub_token", "resume_from_checkpoint", "data_seed",
+    "include_inputs_for_metrics", "prediction_loss_only", "disable_tqdm", "save_safetensors", "gradient_checkpointing_kwargs",
+    "activation_checkpointing", "activation_checkpointing_kwargs", "torch_empty_cache_steps", "batch_eval_metrics",
+    "average_tokens_across_devices", "use_cache", "accelerator_config", "neftune_noise_alpha", "label_smoothing_factor",
+}
+
 # BERT-family model types: class-name prefix and checkpoint-name patterns.
 FAMILY_PREFIX = {
     "bert": "Bert",
@@ -1490,6 +1510,44 @@ class _Builder:
             return merged
         return None
 
+    def kwargs_dicts(self, known: list) -> list[TrainingArgs]:
+        """Dict literals that are TrainingArguments keywords handed on elsewhere (``training_args = {"output_dir":
+        ..., "gradient_accumulation_steps": ..., ...}`` given to a helper that builds ``TrainingArguments(**d)`` in
+        another module): at least six keys, all of them TrainingArguments fields and four of them specific to it.
+        Open-ended (other keys may be added) and never a default: only what the dict says."""
+        out = []
+        used = {id(a.node) for a in known}
+        for d in self.ctx.index.of(cst.Dict):
+            if id(d) in used or len(d.elements) < 6:
+                continue
+            keys = []
+            for el in d.elements:
+                if isinstance(el, cst.DictElement):
+                    k = literal(el.key)
+                    if not isinstance(k, str):
+                        keys = []
+                        break
+                    keys.append((k, el))
+            names = [k for k, _ in keys]
+            if len(names) < 6 or not set(names) <= _TA_FIELDS or len(set(names) & _TA_SPECIFIC) < 4:
+                continue
+            parent = self.ctx.index.parent(d)
+            var = None
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                var = dotted(parent.targets[0].target)
+            func = next((a for a in self.ctx.index.ancestors(d) if isinstance(a, cst.FunctionDef)), None)
+            ta = TrainingArgs(d, var, func, class_name="TrainingArguments keywords (dict)", open_ended=True)
+            for k, el in keys:
+                v = self.r.value(el.value, func)
+                origin = "dict literal key" if literal(el.value) is not UNKNOWN else f"dict literal key (`{code_of(el.value)}`)"
+                if v is UNKNOWN:
+                    f = self._fact(el.value, func)
+                    if f is not None and f.known:
+                        v, origin = f.value, f"dict literal key ({f.source})"
+                ta.explicit[k] = Setting(v, origin if literal(el.value) is UNKNOWN else "keyword", el)
+            out.append(ta)
+        return out
+
     def _collect_reads(self, args_list: list) -> None:
         """``training_args.gradient_checkpointing`` read somewhere in the file (``if training_args.x:``): the script
         expects the field to be set at launch (from the shared index, no walk of its own)."""
@@ -1520,6 +1578,7 @@ class _Builder:
             if self.is_args_class(site.call.func):
                 args_list.append(self.args_from_call(site))
         args_list.extend(self.hf_parser_args())
+        args_list.extend(self.kwargs_dicts(args_list))
         for a in args_list:
             self.apply_attribute_assignments(a)
         fs.training_args = args_list
