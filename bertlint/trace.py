@@ -613,6 +613,61 @@ def epoch_tail(trace: Trace) -> list:
     return [Violation("BL107", first_step, msg, {"tail": k, "kind": "leaked"})]
 
 
+def window_length(trace: Trace) -> list:
+    """BL108: every full window has N backwards — the step is not inverted (N - 1 steps per window), not nested
+    under a second gate (every lcm(N, M)), and, inside ``accumulate()``, every sync step is stepped (a hand gate
+    that misses accelerate's sync steps makes no update, or leaks the epoch's last window)."""
+    n = trace.n
+    if n is None or n <= 1:
+        return []
+    steps = [e for e in trace.of("step") if e.via != "engine"]
+    if not steps or any(not e.certain or e.effective is None for e in steps):
+        return []
+    bws = [b for b in trace.of("backward")]
+    if any(not b.certain for b in bws) or len({b.mb for b in bws}) < trace.micro_batches or len(bws) < 2 * n:
+        return []
+    eff = [s for s in steps if s.effective is True]
+    if not eff:
+        s = steps[0]
+        msg = (f"micro-batches 1–{trace.micro_batches}: `{s.name}` runs {len(steps)}× but never takes effect "
+               f"({s.why or 'no-op'}) → no update in {trace.epochs} epochs; the gradients keep growing")
+        return [Violation("BL108", s, msg, {"kind": "never", "at": "cond"})]
+    syncs = [e for e in trace.of("counter") if e.target == "sync" and e.value is True]
+    for sy in syncs:
+        # accelerate synchronised this micro-batch (its gradients are final), but nothing stepped on it
+        later = [e for e in trace.events[trace.events.index(sy):] if e.mb == sy.mb]
+        if any(x.kind == "backward" for x in later) and not any(x.kind == "step" and x.effective for x in later):
+            msg = (f"micro-batch {sy.mb + 1}: accelerate's sync step (end of the loader or every "
+                   f"{trace.n_text}), but the hand gate skips `{eff[0].name}` there → that window is never "
+                   f"stepped and its gradients leak into the next one")
+            return [Violation("BL108", eff[0], msg, {"kind": "missed-sync", "at": "cond"})]
+    wins = trace.window_structure()
+    if not wins:
+        return []
+    e0 = [w for w in wins if w.step.epoch == 0]
+    last_mb = max((b.mb for b in bws if b.epoch == 0), default=-1)
+    if e0 and e0[-1].step.mb == last_mb and len(e0[-1].backwards) < n:
+        e0 = e0[:-1]  # the epoch's tail, stepped at its end: right
+    sizes = [len(w.backwards) for w in e0]
+    if not sizes or all(k == 1 for k in sizes):
+        return []  # steps every micro-batch: BL101's case
+    if len(trace.optimizers()) != 1:
+        return []  # several optimizers: which backward feeds which update is not known
+    body = sizes[1:] if sizes[0] < n else sizes
+    if body and all(k == n for k in body):
+        return []
+    short = [k for k in body if k < n]
+    if not (len(short) >= 2 or (body and len(set(body)) == 1 and body[0] > n)):
+        return []  # one odd window (a leaked tail, a restart): not a misplaced gate
+    bad = next((w for w in e0 if len(w.backwards) != n and not (w is e0[0] and len(w.backwards) < n)), None)
+    if bad is None or trace.n_text not in (bad.step.cond_text or ""):
+        return []  # the step is not gated on N itself: N may not be this loop's window
+    msg = (f"windows of {', '.join(map(str, sizes))} backwards in epoch 1 (steps after micro-batches "
+           f"{', '.join(str(w.step.mb + 1) for w in e0[:5])}) → not {n} (`{trace.n_text}`): the step runs on the "
+           f"wrong micro-batches")
+    return [Violation("BL108", bad.step, msg, {"kind": "sizes", "sizes": sizes, "at": "call"})]
+
+
 def clip_once_per_step(trace: Trace) -> list:
     """BL112: one clip per update, after the window's last backward (clipping each micro-batch clips partial sums)."""
     wins = trace.window_structure()
@@ -734,6 +789,7 @@ INVARIANTS: dict = {
     "BL104": scaled_twice,
     "BL105": scheduler_per_step,
     "BL107": first_window_complete,
+    "BL108": window_length,
     "BL112": clip_once_per_step,
     "BL114": ddp_sync,
     "BL201": unscale_before_clip,

@@ -47,7 +47,7 @@ from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 
 REPRESENTATIVE_N = 4
-PER_LOOP = frozenset({"BL101", "BL103", "BL107"})
+PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108"})
 MAX_SPLITS = 4
 BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
 
@@ -892,9 +892,11 @@ class _Runner:
         if self.last_iter:  # end of the (prepared) dataloader
             self.acc_step = 0
             self.sync = True
-            return
-        self.acc_step += 1
-        self.sync = self.acc_step % n == 0 if n else None
+        else:
+            self.acc_step += 1
+            self.sync = self.acc_step % n == 0 if n else None
+        if self.sync and n > 1:
+            self.emit("counter", None, target="sync", value=True)
 
     def _simple_line(self, stmt, frame, prefix: bool = False) -> Optional[str]:
         self._stmt_node = stmt
