@@ -644,3 +644,22 @@ def test_class_attributes_do_not_leak_into_module_names():
     """)
     assert r.role("optimizer") == "optimizer"
     assert not r.of("optimizer").conflicts
+
+
+def test_training_arguments_datamodule_and_modeling_classes():
+    t, r = _roles("""
+        from dataclasses import dataclass
+        import transformers
+        import lightning.pytorch as pl
+        from transformers.models.roberta.modeling_roberta import RobertaLMHead
+        @dataclass
+        class TrainingArguments(transformers.TrainingArguments):
+            cache_dir: str = None
+        class DM(pl.LightningDataModule):
+            pass
+        class Head(RobertaLMHead):
+            pass
+    """)
+    assert r.class_family(t.classes["TrainingArguments"]) == "training_args"
+    assert r.class_family(t.classes["DM"]) == "dataset"
+    assert r.class_family(t.classes["Head"]) == "module"

@@ -32,7 +32,9 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
                                            # self.forward(...)); False: known not (a pipeline, a tokenizer,
                                            # model.generate(...) which runs under no_grad); None: unknown
     r.class_family(classdef)               # "trainer" | "lightning_module" | "module" | "optimizer" |
-                                           # "scheduler" | "pipeline" | "callback" | "dataset" | None (bases
+                                           # "scheduler" | "pipeline" | "callback" | "dataset" (also a
+                                           # LightningDataModule) |
+                                           # "training_args" | None (bases
                                            # followed through the file's own classes and imports:
                                            # trl.SFTTrainer -> "trainer"; PreTrainedModel -> "module")
     r.class_base(classdef)                 # the framework class reached: "trl.SFTTrainer", "torch.nn.Module", ...
@@ -408,13 +410,17 @@ def classify_qualname(q: str) -> Optional[tuple[str, Optional[str]]]:
 _FAMILY_OF_QUALNAME = (
     ("callback", re.compile(r"^(transformers(\..*)?\.TrainerCallback|(lightning|pytorch_lightning)(\..*)?\.Callback)$")),
     ("dataset", re.compile(r"^(torch\.utils\.data(\.dataset)?\.(Dataset|IterableDataset)|datasets(\..*)?\.Dataset)$")),
+    ("training_args", re.compile(r"^(transformers(\..*)?\.(Seq2Seq)?TrainingArguments|trl(\..*)?\.\w+Config)$")),
+    # a LightningDataModule provides data: the "dataset" family (no "module" in the name: it is no nn.Module)
+    ("dataset", re.compile(r"^(lightning|pytorch_lightning)(\..*)?\.LightningDataModule$")),
     ("trainer", re.compile(r"^(transformers|trl|lightning|pytorch_lightning)(\..*)?\.\w*Trainer$")),
     ("lightning_module", re.compile(r"^(lightning|pytorch_lightning)(\..*)?\.LightningModule$")),
     ("optimizer", re.compile(r"^torch\.optim(\.optimizer)?\.Optimizer$")),
     ("scheduler", re.compile(r"^torch\.optim\.lr_scheduler\.\w+$")),
     ("pipeline", re.compile(r"^(diffusers|transformers)(\..*)?\.\w*Pipeline$")),
     ("module", re.compile(r"^(torch\.nn(\.modules)?(\.module)?\.\w+|transformers(\..*)?\.(PreTrainedModel|\w+PreTrainedModel|"
-                          r"\w+Model|\w+For\w+)|diffusers(\..*)?\.(ModelMixin|\w+Model)|lightning(\..*)?\.LightningModule)$")),
+                          r"\w+Model|\w+For\w+)|diffusers(\..*)?\.(ModelMixin|\w+Model)|lightning(\..*)?\.LightningModule|"
+                          r"transformers\.models\.\w+\.modeling_\w+\.(?!\w*Output$)\w+)$")),
 )
 
 _FAMILY_ROLE = {
