@@ -663,3 +663,23 @@ def test_training_arguments_datamodule_and_modeling_classes():
     assert r.class_family(t.classes["TrainingArguments"]) == "training_args"
     assert r.class_family(t.classes["DM"]) == "dataset"
     assert r.class_family(t.classes["Head"]) == "module"
+
+
+def test_by_constructor_tells_a_known_class_from_usage_alone():
+    t, r = _roles("""
+        import torch
+        from mmengine.optim import build_optim_wrapper
+        def main(model, cfg, loader):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            wrapper = build_optim_wrapper(model, cfg)
+            for x in loader:
+                model(x).backward()
+                wrapper.step()
+                wrapper.zero_grad()
+                opt.step()
+                opt.zero_grad()
+    """)
+    main = _fn(t, "main")
+    assert r.of("opt", main).by_constructor
+    w = r.of("wrapper", main)
+    assert w.role == "optimizer" and w.confident and not w.by_constructor

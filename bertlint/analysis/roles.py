@@ -11,6 +11,8 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
                                            # "pipeline" | "trainer" | "lightning_module" | "other"
     role.confident                         # False when the only evidence is the name (a hint: lower a severity,
                                            # never veto a finding found by usage)
+    role.by_constructor                    # a known constructor supports it (False: usage alone, e.g. a project's
+                                           # optimizer wrapper that may have semantics of its own)
     role.evidence                          # (Evidence(kind, why, node), ...) strongest first;
                                            # kind: "constructor" | "usage" | "import" | "annotation" | "name"
     role.node                              # the node of the strongest evidence (an assignment, a call ...)
@@ -136,6 +138,14 @@ class Role:
     @property
     def confident(self) -> bool:
         return any(e.kind != "name" for e in self.evidence if e.role == self.role)
+
+    @property
+    def by_constructor(self) -> bool:
+        """A known constructor supports the role (a package's class, a class of this file whose bases reach one,
+        a class held in a variable, deepspeed.initialize ...). False when the role rests on usage alone: the
+        object may be a wrapper with semantics of its own (``GradAccumOptimizer(...)``, mmengine's OptimWrapper)."""
+        return any(e.kind in ("constructor", "annotation") and e.role == self.role for e in self.evidence) or any(
+            e.role == self.role and e.qualname and e.kind == "usage" and e.origin is not None for e in self.evidence)
 
     @property
     def node(self) -> Optional[cst.CSTNode]:
