@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,7 +108,11 @@ def test_spawned_workers_are_instrumented_bounded_and_not_wrapped_in_torchrun():
 
 
 def test_torchrun_module_exits_cleanly_without_a_record_folder():
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "bertlint-verify-*")))
+    def shared_folders():  # the folder the ranks share under torchrun: bertlint-verify-<12 hex digits>
+        return {p for p in glob.glob(os.path.join(tempfile.gettempdir(), "bertlint-verify-*"))
+                if re.fullmatch(r"bertlint-verify-[0-9a-f]{12}", os.path.basename(p))}
+
+    before = shared_folders()
     import socket
 
     with socket.socket() as s:
@@ -121,4 +126,4 @@ def test_torchrun_module_exits_cleanly_without_a_record_folder():
     assert "ChildFailedError" not in out and "Traceback" not in out
     assert "gradient checksum differs across ranks" in out and "outcome: verified" in out
     assert "without torchrun the exit status would be 1" in out
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "bertlint-verify-*"))) <= before
+    assert shared_folders() <= before

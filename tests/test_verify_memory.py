@@ -59,3 +59,12 @@ def test_growth_of_tensors_without_a_graph_is_seen_per_optimizer_step():
     assert "live tensors grow every optimizer step: temporaries +1.00 MiB/optimizer step" in res.report_text
     res = verify_script(str(SCRIPT), ["--steps", "50"], [], steps=5, timeout=120)
     assert res.report_json["memory"]["growth"]["growing"] == {}
+
+
+def test_gpu_check_imports_and_exits_cleanly_without_cuda():
+    script = ROOT / "benchmarks" / "gpu_check.py"
+    p = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "--budget" in p.stdout
+    if not torch.cuda.is_available():
+        p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and "CUDA is not available" in p.stdout

@@ -207,3 +207,57 @@ def test_diverging_ranks_confirm_bl114_error_and_identical_ranks_refute_it():
     run = Run([rec(windows=w0, ddp=ddp), rec(rank=1, windows=w1, ddp=ddp)], None)
     assert verify_diagnostic(run, d("BL114"), [])[0] == "refuted"
     assert verify_diagnostic(run, d("BL114", sev="W"), [])[0] == "refuted"
+
+
+# ---- one definition: the linter's invariants on the observed trace (bertlint.trace) -------------------------------
+
+
+def _loop_record(n_mb=9, accumulation=4, sched_every_mb=False, zero_every_mb=False):
+    ev, bws = [], []
+    f = "/x/train.py"
+    for i in range(n_mb):
+        if zero_every_mb:
+            ev.append({"k": "zero_grad", "mb": i, "kind": "optimizer", "oid": "SGD@1", "line": [f, 9]})
+        ev.append({"k": "backward", "mb": i, "line": [f, 11]})
+        bws.append({"factor": 1 / accumulation})
+        if sched_every_mb:
+            ev.append({"k": "scheduler_step", "mb": i + 1, "cls": "LambdaLR", "line": [f, 12]})
+        if (i + 1) % accumulation == 0:
+            ev.append({"k": "optimizer_step", "mb": i + 1, "opt": "SGD", "oid": "SGD@1", "line": [f, 14]})
+            if not zero_every_mb:
+                ev.append({"k": "zero_grad", "mb": i + 1, "kind": "optimizer", "oid": "SGD@1", "line": [f, 15]})
+    k = n_mb // accumulation
+    wins = [win(i + 1, (i + 1) * accumulation, accumulation, 1 if zero_every_mb else accumulation) for i in range(k)]
+    return rec(accumulation=accumulation, events=ev, backwards=bws, microbatches=n_mb, optimizer_steps=k,
+               windows=wins)
+
+
+def test_observed_trace_has_the_windows_and_scales_of_the_run():
+    from bertlint.verify import _trace
+
+    t = _trace.build(_loop_record(), 4)
+    assert [len(w.backwards) for w in t.window_structure()] == [4, 4]
+    assert t.of("backward")[0].scale.text(4) == "1/N = 1/4"
+    assert t.of("step")[0].mb == 3 and t.of("step")[0].line == 14
+
+
+def test_static_finding_is_confirmed_by_its_invariant_on_the_observed_trace():
+    run = Run([_loop_record(zero_every_mb=True)], None)
+    st, ev = verify_diagnostic(run, d("BL102", row=9), [])
+    assert st == "confirmed"
+    assert "observed: micro-batches 1–4: backward ×4" in ev and "gradients of" in ev and "erased" in ev
+    # the correct loop: the invariant holds, the checker refutes
+    st, ev = verify_diagnostic(Run([_loop_record()], None), d("BL102", row=9), [])
+    assert st == "refuted" and "observed:" not in ev
+
+
+def test_violated_invariant_is_reported_at_runtime_without_a_static_finding():
+    found = runtime_findings(Run([_loop_record(sched_every_mb=True)], None), set())
+    (f,) = [x for x in found if x["code"] == "BL105"]
+    assert f["line"] == ["/x/train.py", 12]
+    assert f["evidence"].startswith("observed: micro-batches 5–8: backward ×4, `scheduler.step()` ×4, ")
+    assert "4× too fast" in f["evidence"]
+    # accumulation known only from the loss scale (0.25 could be a loss weight): no invariant finding
+    r = _loop_record(sched_every_mb=True)
+    r["accumulation"] = None
+    assert not [x for x in runtime_findings(Run([r], None), set()) if x["code"] == "BL105"]

@@ -62,3 +62,16 @@ def test_import_environment_is_the_one_of_python_script(tmp_path):
     assert a["path"][0] == str(V)  # python puts the script's folder first, not the working directory
     assert str(ROOT) not in b["path"] and b["pythonpath"] == os.environ.get("PYTHONPATH")
     assert res.outcome == "no-training" and res.exit_code == 3
+
+
+def test_lightning_defaults_write_nothing_where_the_script_runs(tmp_path, monkeypatch):
+    pytest.importorskip("lightning")
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / "epoch=0-step=1.ckpt").write_bytes(b"the user's checkpoint")
+    before = tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    res = verify_script(str(V / "lightning_defaults.py"), [], [], timeout=180)
+    assert res.outcome == "verified", res.report_text
+    assert tree(tmp_path) == before  # no lightning_logs/, no checkpoint, the user's checkpoint untouched
+    what = {e["what"] for e in res.report_json["redirected"]}
+    assert {"Lightning default_root_dir (lightning_logs, checkpoints)", "Lightning ModelCheckpoint dirpath"} <= what

@@ -132,14 +132,9 @@ def _kill_group(pgid: int, grace: float = 1.5) -> None:
 
 def _final_main_record(record_dir: str) -> bool:
     try:
-        for name in os.listdir(record_dir):
-            if name.startswith("rec-main") and name.endswith(".json"):
-                with open(os.path.join(record_dir, name)) as f:
-                    if json.load(f).get("final"):
-                        return True
+        return any(name.startswith("rec-main") and name.endswith(".json.final") for name in os.listdir(record_dir))
     except Exception:
-        pass
-    return False
+        return False
 
 
 SHUTDOWN_GRACE = 15.0  # seconds the script may take to exit after its run ended (atexit handlers, flushing)
@@ -342,7 +337,8 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
         if torchrun_env:
             want = int(os.environ.get("WORLD_SIZE", "1"))
             wait_until = time.time() + 60
-            while len([r for r in records if r.get("role") == "main"]) < want and time.time() < wait_until:
+            while len([r for r in records if r.get("role") == "main" and r.get("final")]) < want and \
+                    time.time() < wait_until:
                 time.sleep(0.3)
                 records = _load_records(record_dir)
         wall = time.time() - t0
@@ -460,7 +456,7 @@ def _build(script, source, diagnostics, mine, records, static_n, settings, wall,
     except Exception:  # pragma: no cover
         is_suppressed = None
     named = bool(re.search(r"accum|grad(?:ient)?_?acc|\bga_steps\b", source + " " + " ".join(script_args), re.I))
-    for f in runtime_findings(run, static_codes, accumulation_named=named):
+    for f in runtime_findings(run, static_codes, accumulation_named=named, source_lines=lines):
         line = f["line"]
         if not line or os.path.realpath(line[0]) != script:
             continue

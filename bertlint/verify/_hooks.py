@@ -739,7 +739,7 @@ class Recorder:
     def _zero_grad(self, kind: str, obj) -> None:
         if threading.get_ident() != self.main_thread:
             return
-        e = self.ev("zero_grad", kind=kind)
+        e = self.ev("zero_grad", kind=kind, oid=f"{type(obj).__name__}@{id(obj):x}" if kind == "optimizer" else None)
         if len(self.zero_grads) < 2000:
             self.zero_grads.append(e)
 
@@ -812,7 +812,8 @@ class Recorder:
             self._bf16_sample = None
         if len(self.hook_marks) < 10000:
             self.hook_marks.append(round(self.hook_s + self.mem.pack_s, 5))
-        self.ev("optimizer_step", opt=type(opt).__name__, line=w.get("line") if w else None)
+        self.ev("optimizer_step", opt=type(opt).__name__, oid=f"{type(opt).__name__}@{id(opt):x}",
+                line=w.get("line") if w else None)
         self.mem.update_opt_states(opt)
         self.mem.phase_end("optimizer", self.mb, self.opt_steps)
         if self.opt_steps <= 4 or time.time() - self._last_write > 0.5:
@@ -946,7 +947,8 @@ class Recorder:
                 # inf/NaN gradients: the scaler skipped optimizer.step(); the window still ends here
                 rec.since_step[id(optimizer)] = 0
                 rec.skipped_steps += 1
-            rec.safe(lambda: rec.ev("scaler_step", stepped=stepped, scale=rec._scaler_scale_now()))
+            rec.safe(lambda: rec.ev("scaler_step", stepped=stepped, scale=rec._scaler_scale_now(),
+                                    oid=f"{type(optimizer).__name__}@{id(optimizer):x}"))
             return r
 
         @functools.wraps(o_update)

@@ -702,6 +702,29 @@ def verify_diagnostic(run: Run, d, source_lines: list[str]) -> tuple:
         return INCONCLUSIVE, f"verifier error while checking {code}: {type(e).__name__}: {e}"
     if crash and st == INCONCLUSIVE:
         ev += f"; the script crashed ({crash.get('type')}: {_short(crash.get('message'), 100)})"
+    st, ev = _with_invariant(run, d, source_lines, st, ev)
+    return st, ev
+
+
+def _with_invariant(run: Run, d, source_lines, st: str, ev: str) -> tuple:
+    """The loop rules' one definition: the linter's invariant (bertlint.trace) run on the observed trace."""
+    try:
+        from bertlint.verify import _trace
+
+        vs = _trace.check(run.r, run.n, d.code, list(source_lines))
+    except Exception as e:  # the trace module is another area's; never break the report
+        vs = None
+        err = f"{type(e).__name__}: {e}"
+    else:
+        err = None
+    dbg = os.environ.get("BERTLINT_VERIFY_TRACE_DEBUG")
+    if dbg:
+        with open(dbg, "a") as f:
+            f.write(f"{d.code}\t{st}\t{None if vs is None else bool(vs)}\t{err}\t{(vs[0].message if vs else '')[:200]}"
+                    f"\t{ev[:200]}\n")
+    if vs:  # the invariant fails on what the run did: confirmed, quoted the way the lint message quotes the dry run
+        observed = "observed: " + vs[0].message
+        return CONFIRMED, (ev + "; " + observed) if st == CONFIRMED else observed
     return st, ev
 
 
@@ -710,10 +733,11 @@ def verify_diagnostic(run: Run, d, source_lines: list[str]) -> tuple:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = False) -> list[dict]:
+def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = False, source_lines=()) -> list[dict]:
     """What the run shows on its own (decisive evidence only), for codes the static pass did not report.
     ``accumulation_named``: the script or its arguments name an accumulation setting (``--grad-accum 4``)."""
     out: list[dict] = []
+    _invariant_findings(run, static_codes, out, source_lines)
 
     def add(code, line, message, evidence):
         if code in static_codes or not line:
@@ -830,6 +854,42 @@ def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = Fal
             "forward and backward of a micro-batch on the same side of `no_sync()`.",
             f"at optimizer step {div[0]} the gradient checksum differs across ranks ({', '.join(g(v, 6) for v in div[1])})")
     return out
+
+
+_INVARIANT_MESSAGES = {
+    "BL103": "runtime: each optimizer step sums the gradients of N micro-batches whose losses are not divided by N: "
+             "the update is N× the window's mean. Divide the loss by the accumulation steps.",
+    "BL104": "runtime: the loss reaches backward divided by the accumulation steps twice (by the script and by the "
+             "framework): each update is 1/N of the mean. Remove the script's own division.",
+    "BL105": "runtime: the LR scheduler steps on micro-batches that do not step the optimizer: the schedule runs N× "
+             "too fast. Step the scheduler right after `optimizer.step()`.",
+    "BL107": "runtime: the first optimizer step comes after fewer micro-batches than the others (an off-by-one "
+             "gate). Step when `(i + 1) % N == 0`.",
+}
+
+
+def _invariant_findings(run: Run, static_codes: set, out: list, source_lines) -> None:
+    """The loop invariants the linter runs, on the observed trace, for rules the static pass did not report — only
+    where the run's accumulation N comes from a setting (framework, the static pass), not from the loss scale."""
+    n = run.r.get("accumulation") if isinstance(run.r.get("accumulation"), int) else None
+    n = n if n and n > 1 else (run.static_n if isinstance(run.static_n, int) and run.static_n > 1 else None)
+    if not n:
+        return
+    try:
+        from bertlint.verify import _trace
+    except Exception:
+        return
+    script = run.r.get("script")
+    for code, message in _INVARIANT_MESSAGES.items():
+        if code in static_codes or any(f["code"] == code for f in out):
+            continue
+        try:
+            vs = _trace.check(run.r, n, code, list(source_lines))
+        except Exception:
+            vs = None
+        if vs and vs[0].event.line:
+            out.append({"code": code, "line": [script, vs[0].event.line], "message": message.replace("N", str(n))
+                        if code != "BL104" else message, "evidence": "observed: " + vs[0].message})
 
 
 class _Fake:

@@ -61,6 +61,9 @@ class RecordWriter:
                 json.dump(data, f, default=_default)
             os.replace(tmp, self.path)
             self.final_written = final
+            if final:  # a small marker the parent polls for (it does not parse the record every 0.1 s)
+                with open(self.path + ".final", "w"):
+                    pass
 
 
 def _start_watchdog(rec, cfg: dict, done: threading.Event) -> None:
