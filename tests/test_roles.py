@@ -683,3 +683,17 @@ def test_by_constructor_tells_a_known_class_from_usage_alone():
     assert r.of("opt", main).by_constructor
     w = r.of("wrapper", main)
     assert w.role == "optimizer" and w.confident and not w.by_constructor
+
+
+def test_an_argparse_namespace_called_opt_is_not_an_optimizer():
+    t, r = _roles("""
+        import argparse
+        def train(hyp, opt):
+            return opt.epochs
+        def main():
+            parser = argparse.ArgumentParser()
+            opt = parser.parse_args()
+            train({}, opt)
+    """)
+    assert r.role("opt", _fn(t, "main")) == "other"
+    assert r.role("opt", _fn(t, "train")) == "other"

@@ -1307,6 +1307,10 @@ class Roles:
         recv = dotted(recv_expr) if recv_expr is not None else None
         ev: list = []
 
+        # --- a command-line namespace (``opt = parser.parse_args()``: an ``opt`` that is no optimizer)
+        if last in ("parse_args", "parse_known_args", "parse_args_into_dataclasses", "parse_json_file",
+                    "parse_yaml_file", "parse_dict", "parse_intermixed_args"):
+            return [Evidence("constructor", "other", f"the result of `{name}(...)`", call)]
         # --- LightningModule.optimizers() / .lr_schedulers() (manual optimization)
         if recv == "self" and last in ("optimizers", "lr_schedulers"):
             cls = self._class_of(scope)
