@@ -668,6 +668,29 @@ def window_length(trace: Trace) -> list:
     return [Violation("BL108", bad.step, msg, {"kind": "sizes", "sizes": sizes, "at": "call"})]
 
 
+def engine_owns_boundary(trace: Trace) -> list:
+    """BL115: with a DeepSpeed engine, ``engine.step()`` runs after every ``engine.backward()`` (the engine counts
+    micro-steps and updates at its own boundary) and nobody else zeroes its gradients."""
+    out = []
+    bws = [b for b in trace.of("backward") if b.via == "engine" and b.certain]
+    steps = [s for s in trace.of("step") if s.via == "engine"]
+    if bws and steps and all(s.certain for s in steps) and len(steps) < len(bws):
+        s = steps[0]
+        k = len(bws) // max(1, len(steps))
+        msg = (f"micro-batches 1–{len(bws)}: `engine.backward()` ×{len(bws)}, `{s.name}` ×{len(steps)}"
+               + (f" (under `{s.cond_text}`)" if s.cond_text else "")
+               + f" → the engine counts one micro-step per {k} micro-batches and updates once per "
+               f"{k} × its own accumulation steps")
+        out.append(Violation("BL115", s, msg, {"kind": "gated"}))
+    if bws:
+        for z in trace.of("zero_grad"):
+            if z.certain and (z.of == "engine" or z.via == "ds"):
+                msg = (f"micro-batch {z.mb + 1}: `{z.name}` by hand → it clears the gradients the engine is "
+                       f"accumulating (engine.step() zeroes them itself at the boundary)")
+                out.append(Violation("BL115", z, msg, {"kind": "zero"}))
+    return _first_unique(out)
+
+
 def clip_once_per_step(trace: Trace) -> list:
     """BL112: one clip per update, after the window's last backward (clipping each micro-batch clips partial sums)."""
     wins = trace.window_structure()
@@ -791,6 +814,7 @@ INVARIANTS: dict = {
     "BL107": first_window_complete,
     "BL108": window_length,
     "BL112": clip_once_per_step,
+    "BL115": engine_owns_boundary,
     "BL114": ddp_sync,
     "BL201": unscale_before_clip,
     "BL202": scaler_calls_per_step,

@@ -1404,7 +1404,8 @@ class _Runner:
         if attr == "zero_grad":
             if rkind in ("optimizer", "ds_optimizer"):
                 eff, why = self._prepared_effect(recv)
-                self.emit("zero_grad", call, opt=recv or "", of="optimizer", effective=eff, why=why, confident=conf)
+                self.emit("zero_grad", call, opt=recv or "", of="optimizer", effective=eff, why=why, confident=conf,
+                          via="ds" if rkind == "ds_optimizer" else "")
             elif rkind == "engine":
                 self.emit("zero_grad", call, opt=recv or "", of="engine", confident=conf)
             elif recv is not None and rkind in (None, "ddp"):
