@@ -755,13 +755,59 @@ class EvalFlow:
             return self._self_forward(call)
         if not d or d == "super":
             return False
+        if not step and self._method_forward(call) is not None:
+            return True
         if isinstance(self.parent.get(call), cst.Await):
             return False
         head = d.split(".")[0]
         if head in self.symbols.imports and head != "self":
             return False
         scope = self.scope_of(call)
-        return self.is_model_name(d, scope)
+        return self.is_model_name(d, scope) or self._evaled(d)
+
+    def _method_forward(self, call: cst.Call, depth: int = 0) -> Optional[cst.Call]:
+        """``self.infer(x)`` where the enclosing class's one ``infer`` method returns a forward on every path
+        (``return self.module_(x)``): the inner forward call, else None."""
+        if depth > 2:
+            return None
+        method = self._own_method(call)
+        if method is None:
+            return None
+        memo = self.__dict__.setdefault("_mfwd_memo", {})
+        if id(method) in memo:
+            return memo[id(method)]
+        memo[id(method)] = None  # recursion guard
+        rets = [r for r in self.returns.get(method, []) if isinstance(r, cst.Return)]
+        inner = None
+        if rets and all(isinstance(r.value, cst.Call) for r in rets):
+            fwds = []
+            for r in rets:
+                c = r.value
+                if self._method_forward(c, depth + 1) is not None:
+                    fwds.append(self._method_forward(c, depth + 1))
+                elif self._own_method(c) is None and self.is_forward(c):
+                    fwds.append(c)
+                else:
+                    fwds = []
+                    break
+            inner = fwds[0] if fwds else None
+        memo[id(method)] = inner
+        return inner
+
+    def forward_receiver_of(self, call: cst.Call) -> Optional[str]:
+        """The model a forward runs: ``model`` for ``model(x)``; for ``self.infer(x)`` (a method returning a
+        forward) the receiver of that forward (``self.module_``)."""
+        inner = self._method_forward(call) if isinstance(call.func, cst.Attribute) else None
+        return forward_receiver(inner if inner is not None else call)
+
+    def _evaled(self, name: str) -> bool:
+        """``name.eval()`` is called in the file (an ``nn.Module``: nothing else has that method), and ``name`` is
+        an attribute or a local binding, not an imported object."""
+        memo = self.__dict__.setdefault("_evaled_memo", {})
+        if name not in memo:
+            memo[name] = any(isinstance(c.func, cst.Attribute) and dotted(c.func.value) == name and not c.args
+                             for c in self.calls_by_final.get("eval", []))
+        return memo[name]
 
     def _mode_switched(self, name: str) -> bool:
         """``name.eval()`` or ``name.train()`` is called somewhere in the file: it is a module."""
@@ -1103,7 +1149,9 @@ class EvalFlow:
             # `evaluate` / `predict` of the user's own class is an ordinary method: owned only in a framework class
             return self.framework_class(cls)
         if name in _FRAMEWORK_EVAL_METHODS:
-            return True
+            # a class without bases (`class Net:` / `class Net(object):`) cannot be a LightningModule / Trainer
+            return any(not (dotted(b.value) in ("object",)) for b in cls.bases if b.keyword is None) or \
+                self.framework_class(cls)
         return self.framework_class(cls)
 
     def framework_class(self, cls: cst.ClassDef, depth: int = 0) -> bool:

@@ -185,7 +185,7 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
     for fwd in fwds:
         if flow.grad_state(fwd) != ENABLED:
             continue
-        recv = forward_receiver(fwd) or ""
+        recv = flow.forward_receiver_of(fwd) or ""
         if not recv or recv == "self" or frozen(flow, recv):
             continue
         ev = flow.eval_mode_before(fwd, {recv})
@@ -248,7 +248,7 @@ def check(ctx) -> None:
                 continue
         if _uses_gradients(flow, loop) or flow.passes_optimizer(loop) and site is None:
             continue
-        receivers = {forward_receiver(c) or "" for c in fwds}
+        receivers = {flow.forward_receiver_of(c) or "" for c in fwds}
         if any(frozen(flow, r) for r in receivers if r):
             continue
         if site is not None:
