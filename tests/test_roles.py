@@ -697,3 +697,32 @@ def test_an_argparse_namespace_called_opt_is_not_an_optimizer():
     """)
     assert r.role("opt", _fn(t, "main")) == "other"
     assert r.role("opt", _fn(t, "train")) == "other"
+
+
+def test_partial_classes_and_plain_module_results():
+    t, r = _roles("""
+        import json, functools
+        import torch
+        from omegaconf import OmegaConf
+        def main(model):
+            make = functools.partial(torch.optim.AdamW, lr=1e-4)
+            opt = make(model.parameters())
+            config = OmegaConf.load("x.yaml")
+            sched = json.load(open("s.json"))
+    """)
+    main = _fn(t, "main")
+    o = r.of("opt", main)
+    assert o.role == "optimizer" and o.by_constructor
+    assert r.role("config", main) == "other"
+    assert r.role("sched", main) == "other"
+
+
+def test_a_deep_copy_keeps_the_role():
+    t, r = _roles("""
+        import copy
+        import torch
+        def main():
+            model = torch.nn.Linear(2, 2)
+            model_avg = copy.deepcopy(model).to(torch.float64)
+    """)
+    assert r.role("model_avg", _fn(t, "main")) == "model"

@@ -331,6 +331,8 @@ def classify_qualname(q: str) -> Optional[tuple[str, Optional[str]]]:
         if q in ("torch.compile", "torch.jit.script"):
             return None  # the role of its argument (handled by the caller)
         return None
+    if top in _PLAIN_MODULES and last not in ("instantiate", "call", "get_class", "get_method", "getattr"):
+        return ("other", None)  # json / yaml / omegaconf / numpy / os ... results are none of the roles
     if top == "torchvision" and ".models" in q and not upper:
         return ("model", None)
     if top in ("bitsandbytes", "bnb") and ".optim" in q and upper:
@@ -1355,6 +1357,12 @@ class Roles:
                     return [Evidence("usage", sub.role, f"`{name}(...)` position {index}", call, sub.qualname, "apex",
                                      sub.origin)]
             return []
+        if q in ("copy.deepcopy", "copy.copy") and call.args:
+            sub = decide(self._expr_evidence(call.args[0].value, scope, depth + 1, before))
+            if sub is not None and sub.confident:
+                return [Evidence(e.kind, sub.role, f"a copy of `{_short_text(call.args[0].value)}` ({e.why})", call,
+                                 e.qualname, None, e.origin) for e in sub.evidence if e.role == sub.role][:1]
+            return []
         if q in ("torch.compile", "torch.jit.script") or last in ("unwrap_model", "to_bettertransformer") or (
             recv_expr is not None and last in ("to", "cuda", "cpu", "half", "float", "bfloat16", "train", "eval",
                                                "requires_grad_", "double", "module")
@@ -1576,6 +1584,8 @@ class Roles:
             return []
         if isinstance(e, cst.Call):
             n = call_name(e) or ""
+            if (self.t.qualname(e.func) or n) in ("functools.partial", "partial") and e.args:
+                return self._class_value_evidence(e.args[0].value, scope, depth + 1)  # partial(AdamW, lr=...)
             target = self._callee_def(e, scope)
             if target is not None and target[0].name.value != "__init__":
                 fn = target[0]
@@ -1757,6 +1767,11 @@ def _comp_iters(e) -> list:
         f = f.inner_for_in
     return out
 
+
+# modules whose calls return none of the roles (configs, arrays, paths, loggers ...)
+_PLAIN_MODULES = frozenset({"json", "yaml", "omegaconf", "toml", "tomllib", "argparse", "os", "sys", "math", "random",
+                            "numpy", "pathlib", "re", "logging", "time", "datetime", "pickle",
+                            "csv", "pandas", "wandb", "shutil", "glob"})
 
 # (role of the owner, attribute) -> role of ``owner.attribute``
 _ATTR_ROLES = {
