@@ -155,6 +155,7 @@ class Event:
     certain: bool = True  # False: under a condition the dry run could not decide (it may or may not run)
     in_no_sync: bool = False
     fwd_no_sync: Optional[bool] = None  # backward: its loss's forward ran with gradient sync off (DDP decides there)
+    graph_from: Optional[int] = None  # backward: the earliest micro-batch whose forward its graph holds
     value: Any = None  # counter value
     text: str = ""  # the call as written
     mb: int = -1  # micro-batch (0-based) the event happened in; -1 before the first
@@ -691,6 +692,20 @@ def engine_owns_boundary(trace: Trace) -> list:
     return _first_unique(out)
 
 
+def backward_each_micro_batch(trace: Trace) -> list:
+    """BL113: each micro-batch's graph is back-propagated (and freed) in its own micro-batch — not summed over the
+    window and back-propagated once, which keeps every micro-batch's activations alive until then."""
+    out = []
+    for b in trace.of("backward"):
+        if b.certain and b.graph_from is not None and 0 <= b.graph_from < b.mb:
+            k = b.mb - b.graph_from + 1
+            msg = (f"micro-batches {b.graph_from + 1}–{b.mb + 1}: losses added with their graphs, one backward after "
+                   f"the {ordinal(k)} → the activations of all {k} micro-batches are alive at once (the peak of one "
+                   f"{k}× larger batch)")
+            out.append(Violation("BL113", b, msg, {"span": k}))
+    return _first_unique(out)
+
+
 def clip_once_per_step(trace: Trace) -> list:
     """BL112: one clip per update, after the window's last backward (clipping each micro-batch clips partial sums)."""
     wins = trace.window_structure()
@@ -814,6 +829,7 @@ INVARIANTS: dict = {
     "BL107": first_window_complete,
     "BL108": window_length,
     "BL112": clip_once_per_step,
+    "BL113": backward_each_micro_batch,
     "BL115": engine_owns_boundary,
     "BL114": ddp_sync,
     "BL201": unscale_before_clip,

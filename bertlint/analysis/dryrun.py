@@ -83,12 +83,13 @@ class Num:
 class Tensor:
     """A value carrying a graph (a loss, an output): its scale relative to the raw loss."""
 
-    __slots__ = ("scale", "graph", "node")
+    __slots__ = ("scale", "graph", "node", "since")
 
-    def __init__(self, scale: Optional[T.Scale], graph: bool = True, node=None) -> None:
+    def __init__(self, scale: Optional[T.Scale], graph: bool = True, node=None, since: Optional[int] = None) -> None:
         self.scale = scale  # None: unknown
         self.graph = graph
         self.node = node
+        self.since = since  # the earliest micro-batch whose forward this graph holds (None: not known)
 
 
 class _CtxFn:
@@ -1252,6 +1253,14 @@ class _Runner:
         return UNK
 
     def _binop(self, op, a, b, right_node, whole=None):
+        r = self._binop2(op, a, b, right_node, whole)
+        if isinstance(r, Tensor):
+            spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None]
+            if spans:
+                r.since = min(spans) if r.since is None else min(min(spans), r.since)
+        return r
+
+    def _binop2(self, op, a, b, right_node, whole=None):
         if isinstance(a, Tensor) or isinstance(b, Tensor):
             if op is cst.Divide and isinstance(a, Tensor):
                 return Tensor(_times(a.scale, self._factor(b, right_node, -1, whole)), a.graph, a.node)
@@ -1489,7 +1498,7 @@ class _Runner:
         else:
             ns = not self.grad_sync
         self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None)
-        return Tensor(T.Scale(), True, call)
+        return Tensor(T.Scale(), True, call, self.mb)
 
     def _args(self, call, frame, argv):
         args, kws = [], {}
@@ -1613,7 +1622,8 @@ class _Runner:
             self.mb += 1
         fns, where = self.fwd_ns.get(id(v.node), (None, None)) if isinstance(v, Tensor) and v.node is not None \
             else (None, None)
-        self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns)
+        since = v.since if isinstance(v, Tensor) else None
+        self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
         self.trace.events[-1].meta["fwd_ctx"] = where
         return UNK
 

@@ -1,6 +1,10 @@
 """BL113 deferred-backward: losses summed over the window (``total = total + loss``) and one ``backward()`` at
 the end — all N micro-batches' activations stay alive until then, so peak memory is that of one big batch and
-accumulation saves nothing (REFERENCE §3.7 D). Call ``backward()`` on each micro-batch's ``loss / N``."""
+accumulation saves nothing (REFERENCE §3.7 D). Call ``backward()`` on each micro-batch's ``loss / N``.
+
+Invariant over the dry run (``bertlint.trace.backward_each_micro_batch``): the graph a backward frees holds only
+its own micro-batch's forward. The trace follows the loss value: a sum of several micro-batches' losses carries the
+earliest one. Summing the losses of one micro-batch (several tasks, heads or objectives) is one graph: not this."""
 
 from __future__ import annotations
 
@@ -33,9 +37,26 @@ def _batch_loop(node) -> bool:
 _DETACHED = re.compile(r"\.item\(\)|\.detach\(\)|float\(|\.cpu\(\)|\.tolist\(\)|\.numpy\(\)")
 
 
-@rule("BL113", "deferred-backward", Severity.WARNING,
-      "losses summed over the window and one backward() at the end: all activations stay alive")
+
+@rule("BL113", "deferred-backward", Severity.WARNING, "losses summed over the window and one backward() at its end")
 def check(ctx) -> None:
+    reported: set = set()
+    for run, v, tr in _ga.violations(ctx, "BL113", _ga.PLAIN_OWNERS + ("accelerate", "deepspeed")):
+        e = v.event
+        target = e.text.split(".backward")[0] if ".backward" in e.text else "the summed loss"
+        _ga.treport(
+            ctx, run, tr, e.node,
+            f"`{target}` sums the losses of the whole window and `backward()` runs once at its end{_ga.when(tr)}: "
+            f"{v.message}, so accumulation saves no memory. Call `(loss / N).backward()` on each micro-batch and keep "
+            f"the running total as a float (`loss.item()`) for logging.",
+        )
+        reported.add(v.event.line)
+    _inner_windows(ctx, reported)
+
+
+def _inner_windows(ctx, reported: set) -> None:
+    """The window-loop shape (``for batch in window: total += loss`` then one backward): the inner loop runs once in
+    the dry run, so its iterations are told apart here (an inner loop over micro-batches, not tasks or heads)."""
     for loop in ctx.loops:
         for bw in loop.backwards:
             target = dotted(bw.arg) if bw.arg is not None else None
@@ -54,7 +75,12 @@ def check(ctx) -> None:
                 add_in_inner = bool(inner) and all(_batch_loop(g.node) for g in inner)
                 bw_in_inner = any(g.kind == "loop" for g in bw.gates)
                 add_per_mb = all(g.kind == "invariant" for g in gates)
-                if (add_per_mb and not bw.per_micro_batch and bw.frequency_gates) or (add_in_inner and not bw_in_inner):
+                # the across-micro-batch case is the trace's (above); only an inner loop over micro-batches here
+                if add_in_inner and not bw_in_inner and not add_per_mb:
+                    row = ctx.span(bw.call)[0].row
+                    if row in reported:
+                        break
+                    reported.add(row)
                     _ga.report(
                 ctx, loop,
                         bw.call,
