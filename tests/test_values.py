@@ -336,3 +336,19 @@ def test_containers_changed_in_place_are_unknown():
     assert _fact(r, "out").value is UNKNOWN
     assert _fact(r, "xs").value is UNKNOWN
     assert _fact(r, "fixed").value == [1, 2]
+
+
+def test_vars_of_the_argparse_namespace():
+    t, r = _r("""
+        import argparse
+        from transformers import TrainingArguments
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--output_dir", default="out")
+        parser.add_argument("--gradient_accumulation_steps", type=int, default=8)
+        args = parser.parse_args()
+        targs = TrainingArguments(**vars(args))
+    """)
+    call = [c for c, n, f in t.calls if n == "TrainingArguments"][0]
+    kws = r.call_kwargs(call)
+    assert "**" not in kws and kws["gradient_accumulation_steps"].value == 8
+    assert _fact(r, "targs.gradient_accumulation_steps").kind == "default"

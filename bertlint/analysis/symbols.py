@@ -627,6 +627,19 @@ class Resolver:
             if "**" in out:
                 out["**"] = out.pop("**")
             return out
+        if isinstance(expr, cst.Call) and call_name(expr) == "vars" and len(expr.args) == 1 or (
+            isinstance(expr, cst.Attribute) and expr.attr.value == "__dict__"
+        ):
+            # ``**vars(args)`` of this file's argparse namespace: every option with its default
+            ns = expr.args[0].value if isinstance(expr, cst.Call) else expr.value  # type: ignore[union-attr]
+            if self.t.argparse and self._is_namespace(ns, func):
+                out = {}
+                for dest in self.t.argparse:
+                    f = self._cli_fact(dest, ns, d + 1)
+                    if f is not None:
+                        out[dest] = f
+                return out
+            return None
         if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name):
             # ``**make_data_module(...)``: a same-file function returning one dict literal (its keys are known,
             # its values are read in the function: a parameter there stays unknown)
@@ -1128,6 +1141,22 @@ class Resolver:
             bases = [b for b in self.t.class_bases.get(cls_name, []) if b in self.t.classes]
             cls_name = bases[0] if bases else None
         return None
+
+    def _is_namespace(self, e: cst.BaseExpression, func) -> bool:
+        """``e`` holds this file's ``parse_args()`` result (a name bound to it, an args-like parameter)."""
+        n = dotted(e)
+        if not n or "." in n:
+            return False
+        if self._param_owner(n, func) is not None:
+            return bool(_ARGS_LIKE.match(n))
+        made = self._visible_assigns(n, func)
+        if len(made) == 1 and isinstance(made[0].value, cst.Call):
+            return (call_name(made[0].value) or "").endswith("parse_args")
+        for names, c, _f in self.t.unpacks:
+            if n in names and ((call_name(c) or "").endswith("parse_known_args") and names.index(n) == 0
+                               or self._returns_namespace(c, names.index(n))):
+                return True
+        return False
 
     def _returns_namespace(self, call: cst.Call, index: int) -> bool:
         """``args, text = _parse_args()`` where the same-file function returns ``parser.parse_args(...)`` (or a
