@@ -408,3 +408,31 @@ def test_bl407_through_a_literal_dict():
            "args = TrainingArguments('o', **extra)\n")
     (d,) = [d for d in lint(src) if d.code == "BL407"]
     assert d.start.row == 3 and "`evaluation_strategy` (through `**`)" in d.message and d.fix is None
+
+
+def test_bl303_without_a_pin_judges_the_era_the_script_was_written_for(tmp_path):
+    """No pin and no target-versions: bertlint's own 5.x says nothing about the script, but `evaluation_strategy=`
+    (removed in 4.51) shows it was written for 4.x, whose Trainer checkpointing is reentrant: a warning that says so."""
+    from bertlint.analysis import versions as V
+
+    (tmp_path / ".git").mkdir()
+    src = ("from peft import LoraConfig, get_peft_model\n"
+           "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+           "model = get_peft_model(AutoModelForCausalLM.from_pretrained('./m'), LoraConfig(r=8))\n"
+           "args = TrainingArguments(output_dir='o', evaluation_strategy='epoch', gradient_checkpointing=True)\n"
+           "Trainer(model=model, args=args).train()\n")
+    script = tmp_path / "train.py"
+    script.write_text(src)
+    V.pins_near.cache_clear()
+    clear_caches()
+    found = [d for d in lint_path(str(script)) if d.code == "BL303"]
+    assert len(found) == 1 and found[0].severity.value == "W"
+    assert "before 4.51.0" in found[0].message and "evaluation_strategy" in found[0].message
+    script.write_text(src.replace("evaluation_strategy", "eval_strategy"))  # a 5.x-era script: silent
+    clear_caches()
+    assert [d for d in lint_path(str(script)) if d.code == "BL303"] == []
+    (tmp_path / "requirements.txt").write_text("transformers==5.2.0\n")  # pinned 5.x: silent
+    script.write_text(src)
+    V.pins_near.cache_clear()
+    clear_caches()
+    assert [d for d in lint_path(str(script)) if d.code == "BL303"] == []

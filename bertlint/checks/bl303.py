@@ -20,8 +20,18 @@ def check(ctx) -> None:
     if "checkpointing" not in ctx.source:
         return
     tv = ctx.versions.transformers
+    era = None
     if tv.at_least("5.0.0"):
-        return
+        era = _written_for_4x(ctx) if tv.assumed else None
+        if era is None:
+            return
+        # no pin: bertlint's own 5.x says nothing about the script; the script itself shows its era
+        from bertlint.analysis.versions import TargetVersion
+
+        before, why = era
+        last = (4, 50, 0) if before == "4.51.0" else (4, 57, 1)
+        tv = TargetVersion("transformers", last, f"the releases before {before} the script was written for: {why}; "
+                           f"no pin near the script", exact=False)
     for s in ctx.setup.setups:
         m = s.model
         if m is None or m.input_require_grads or (m.family is None and not m.from_pretrained):
@@ -47,7 +57,7 @@ def check(ctx) -> None:
             if reentrant is not True:
                 continue
             when = ""
-            sev = severity_for(Severity.ERROR, tv)
+            sev = severity_for(Severity.ERROR, tv) if era is None else Severity.WARNING
             if via == "launch":
                 flag = node.attr.value if isinstance(node, cst.Attribute) else "gradient_checkpointing"
                 when = (f"When launched with `--{flag} True` (the flag comes from the command line, and the script "
@@ -72,3 +82,19 @@ def _prep_without_checkpointing(call) -> bool:
 
     e = kwarg(call, "use_gradient_checkpointing")
     return e is not None and literal(e) is not True
+
+
+def _written_for_4x(ctx):
+    """(first release without it, why) when the script was written for transformers 4.x, from what it passes
+    (keywords removed in 4.51 / 5.0 that a 5.x script could not use); None otherwise."""
+    from bertlint.checks.bl407 import REMOVED, TRAINER_REMOVED
+
+    for ta in ctx.setup.training_args:
+        for name in ta.explicit:
+            if name in REMOVED and REMOVED[name][0] in ("4.51.0", "5.0.0"):
+                return REMOVED[name][0], f"it passes `{name}=`, removed in transformers {REMOVED[name][0]}"
+    for ti in ctx.setup.trainers:
+        for a in ti.node.args:
+            if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
+                return "5.0.0", f"it passes `Trainer({a.keyword.value}=...)`, removed in transformers 5.0.0"
+    return None
