@@ -21,8 +21,11 @@ keyword not passed to a constructor are UNKNOWN with the reason as their source:
 It reads ``not`` / ``and`` / ``or`` / comparisons / ``x if c else y``, arithmetic, ``int()`` / ``max()`` /
 ``min()``, dict literals and ``dict(...)``, ``os.environ.get(k, d)`` / ``os.getenv``, argparse options
 (``store_true`` / ``store_false`` / ``default`` / ``type`` / ``set_defaults``), HfArgumentParser dataclasses
-(by their position in the parser's tuple), dataclass field defaults, plain config classes (``CFG.ACCUM``) and
-``obj.x`` where ``obj = Ctor(..., x=...)``. ``value`` / ``int_value`` keep their older, laxer contract.
+(by their position in the parser's tuple), dataclass field defaults, plain config classes (``CFG.ACCUM``),
+``obj.x`` where ``obj = Ctor(..., x=...)`` (also through ``self.x`` and aliases), ``**vars(args)``. One
+exception to "a parameter is unknown": ``args.x`` where ``args`` is an args-like parameter (``args``, ``opt``,
+``cfg``, ``*_args``) or every same-file call passes a ``parse_args()`` result, and this file defines the option:
+its argparse default, kind "default". ``value`` / ``int_value`` keep their older, laxer contract.
 
 No ScopeProvider / QualifiedNameProvider: they cost several times the parse.
 """
