@@ -502,6 +502,7 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
         self.shared: dict = {}  # self.* attributes
@@ -841,8 +842,12 @@ class _Runner:
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
         acc = nosync = False
+        nograd = False
         for item in stmt.items:
             e = item.item
+            if isinstance(e, cst.Call) and (call_name(e) or "").split(".")[-1] in ("no_grad", "inference_mode"):
+                nograd = True
+                continue
             if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute):
                 attr = e.func.attr.value
                 recv = dotted(e.func.value)
@@ -871,9 +876,13 @@ class _Runner:
         if nosync:
             self.no_sync += 1
             self.ns_nodes.append(stmt)
+        if nograd:
+            self.no_grad += 1
         try:
             return self._block(_body(stmt.body), frame, chain, level)
         finally:
+            if nograd:
+                self.no_grad -= 1
             if acc:
                 self.in_acc -= 1
             if nosync:
@@ -1255,7 +1264,7 @@ class _Runner:
     def _binop(self, op, a, b, right_node, whole=None):
         r = self._binop2(op, a, b, right_node, whole)
         if isinstance(r, Tensor):
-            spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None]
+            spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
             if spans:
                 r.since = min(spans) if r.since is None else min(min(spans), r.since)
         return r
@@ -1498,6 +1507,8 @@ class _Runner:
         else:
             ns = not self.grad_sync
         self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None)
+        if self.no_grad:
+            return Tensor(T.Scale(), False, call, None)  # made under no_grad(): no graph
         return Tensor(T.Scale(), True, call, self.mb)
 
     def _args(self, call, frame, argv):
@@ -1622,7 +1633,9 @@ class _Runner:
             self.mb += 1
         fns, where = self.fwd_ns.get(id(v.node), (None, None)) if isinstance(v, Tensor) and v.node is not None \
             else (None, None)
-        since = v.since if isinstance(v, Tensor) else None
+        since = v.since if isinstance(v, Tensor) and v.graph else None
+        if not self.in_micro and since is not None and since == self.mb - 1:
+            since = self.mb  # the forward ran in this iteration, before the backward opened its micro-batch
         self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
         self.trace.events[-1].meta["fwd_ctx"] = where
         return UNK
