@@ -726,3 +726,22 @@ def test_a_deep_copy_keeps_the_role():
             model_avg = copy.deepcopy(model).to(torch.float64)
     """)
     assert r.role("model_avg", _fn(t, "main")) == "model"
+
+
+def test_trainer_compute_loss_model_argument_and_name_only_forwards():
+    t, r = _roles("""
+        from trl import SFTTrainer
+        class Mine(SFTTrainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                out = model(**inputs)
+                return out.loss
+        def helper(model, x):
+            return model(x)
+    """)
+    cl = _fn(t, "compute_loss")
+    m = r.of("model", cl)
+    assert m.role == "model" and m.confident and "SFTTrainer.compute_loss" in m.why
+    calls = {(n, id(f)): c for c, n, f in t.calls}
+    assert r.is_forward(calls[("model", id(cl))], cl) is True
+    h = _fn(t, "helper")
+    assert r.is_forward(calls[("model", id(h))], h) is None  # named model, nothing else known

@@ -567,8 +567,8 @@ class Roles:
                 return True
             return None
         r = self._path_role(path, scope)
-        if r is None:
-            return None
+        if r is None or not r.confident:
+            return None  # a name alone does not make a forward
         if r.role in ("model", "ddp_model", "deepspeed_engine", "lightning_module"):
             return True
         if r.role in ("pipeline", "other", "optimizer", "scheduler", "dataloader", "grad_scaler", "accelerator"):
@@ -1181,6 +1181,12 @@ class Roles:
             ev.append(Evidence("import", "other", f"defaults to `{_code(p.default)}`", p))
         if fn is None:
             return ev
+        # the framework calls these methods: transformers.Trainer.compute_loss(self, model, inputs, ...)
+        if fn.name.value in _TRAINER_MODEL_METHODS and b.index == 1:
+            cls = self._class_of(fn)
+            if cls is not None and self.class_family(cls) == "trainer":
+                base = self.class_base(cls)
+                ev.append(Evidence("annotation", "model", f"the model argument of {base}.{fn.name.value}()", p, base))
         name = p.name.value
         params = _params(fn)
         idx = b.index or 0
@@ -1772,6 +1778,10 @@ def _comp_iters(e) -> list:
 _PLAIN_MODULES = frozenset({"json", "yaml", "omegaconf", "toml", "tomllib", "argparse", "os", "sys", "math", "random",
                             "numpy", "pathlib", "re", "logging", "time", "datetime", "pickle",
                             "csv", "pandas", "wandb", "shutil", "glob"})
+
+# methods a Trainer calls with the model as their first argument after self
+_TRAINER_MODEL_METHODS = frozenset({"compute_loss", "training_step", "prediction_step", "_wrap_model",
+                                    "get_batch_loss_metrics", "concatenated_forward", "compute_ref_log_probs"})
 
 # (role of the owner, attribute) -> role of ``owner.attribute``
 _ATTR_ROLES = {
