@@ -1262,6 +1262,11 @@ class _Runner:
         return UNK
 
     def _binop(self, op, a, b, right_node, whole=None):
+        if op is cst.Modulo and self.n is None and right_node is not None and isinstance(b, (Num, _Unk)):
+            # a gate modulo an accumulation-named value (``(idx + 1) % self._gradient_accumulation_steps``)
+            text = b.text or self.dr.code(right_node)
+            if ACCUM_RE.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
+                self.n_candidates.append((b.v if isinstance(b, Num) else None, self.dr.code(right_node)))
         r = self._binop2(op, a, b, right_node, whole)
         if isinstance(r, Tensor):
             spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
