@@ -745,3 +745,19 @@ def test_trainer_compute_loss_model_argument_and_name_only_forwards():
     assert r.is_forward(calls[("model", id(cl))], cl) is True
     h = _fn(t, "helper")
     assert r.is_forward(calls[("model", id(h))], h) is None  # named model, nothing else known
+
+
+def test_loss_forwards_of_a_backward():
+    t, r = _roles("""
+        import torch.nn.functional as F
+        def compute(model, batch):
+            return F.cross_entropy(model(batch["x"]), batch["y"])
+        def train(model, scaler, loader):
+            for batch in loader:
+                loss = compute(model, batch)
+                scaler.scale(loss).backward()
+    """)
+    bw = t.backward_calls[0][0]
+    fw = r.loss_forwards(bw)
+    assert len(fw) == 1 and symbols.call_name(fw[0]) == "model"
+    assert r.role("model", _fn(t, "train")) == "model"

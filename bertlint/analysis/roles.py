@@ -40,6 +40,7 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
                                            # followed through the file's own classes and imports:
                                            # trl.SFTTrainer -> "trainer"; PreTrainedModel -> "module")
     r.class_base(classdef)                 # the framework class reached: "trl.SFTTrainer", "torch.nn.Module", ...
+    r.loss_forwards(backward_call)         # the forward calls the loss of that backward is computed from
 
 ``python -m bertlint.analysis.roles FILE`` prints what it finds (a debugging aid).
 
@@ -482,6 +483,7 @@ class Roles:
         self._func_ids: dict[int, cst.FunctionDef] = {}
         self._callsites: dict[int, list[tuple[cst.Call, Scope, int]]] = {}  # id(def) -> (call, scope, self_offset)
         self._steps = 0
+        self._loss_forwards: dict[int, list] = {}  # id(backward call) -> forward calls its loss comes from
         self._collect()
 
     # ------------------------------------------------------------------ public
@@ -574,6 +576,12 @@ class Roles:
         if r.role in ("pipeline", "other", "optimizer", "scheduler", "dataloader", "grad_scaler", "accelerator"):
             return False
         return None
+
+    def loss_forwards(self, backward_call: cst.Call) -> list:
+        """The forward calls (``model(**batch)``, ``self(x)``, ``unet(...)``) whose output the loss of this backward
+        call (``loss.backward()``, ``accelerator.backward(loss)``, ``scaler.scale(loss).backward()``) is computed
+        from, followed through the function's assignments and same-file helpers; [] when none is seen."""
+        return list(self._loss_forwards.get(id(backward_call), ()))
 
     def legacy_kind(self, target: Any, scope: Scope = None) -> tuple[Optional[str], bool]:
         """(kind, confident) in ``analysis/loops.py``'s vocabulary: optimizer | scheduler | scaler | accelerator |
@@ -905,6 +913,7 @@ class Roles:
         seen: set = set()
         found: list = []
         self._trace_loss(loss, func, 0, seen, found)
+        self._loss_forwards[id(call)] = [node for _p, _s, node in found if isinstance(node, cst.Call)]
         bw = _code(call)
         for path, scope, node in found:
             key = (self._sid_for(path, scope), path)
