@@ -761,3 +761,13 @@ def test_loss_forwards_of_a_backward():
     fw = r.loss_forwards(bw)
     assert len(fw) == 1 and symbols.call_name(fw[0]) == "model"
     assert r.role("model", _fn(t, "train")) == "model"
+
+
+def test_unwrapped_or_wrapped_is_a_model_either_way():
+    t, r = _roles("""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(torch.nn.Linear(2, 2))
+        raw_model = model.module if isinstance(model, DistributedDataParallel) else model
+    """)
+    assert r.role("raw_model") == "model" and r.of("raw_model").confident

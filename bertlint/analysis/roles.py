@@ -1276,6 +1276,9 @@ class Roles:
             b = decide(self._expr_evidence(expr.orelse, scope, depth + 1))
             if a is not None and b is not None and a.role == b.role:
                 return list(a.evidence)
+            if a is not None and b is not None and a.confident and b.confident and {a.role, b.role} <= _MODEL_LIKE:
+                # ``model.module if ddp else model``: a model either way
+                return [Evidence("usage", "model", f"`{_code(expr)}` (a model either way)", expr)]
             if a is not None and _is_none(expr.orelse):
                 return list(a.evidence)
             if b is not None and _is_none(expr.body):
