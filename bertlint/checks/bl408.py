@@ -19,6 +19,7 @@ command line are not used.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -300,6 +301,74 @@ def check(ctx) -> None:
     # The training_step double division (`return loss / self.trainer.accumulate_grad_batches`) is BL104's
     # (RULES.md: "loss-scaled-twice ... Lightning accumulate_grad_batches"): one mistake, one code.
     _deepspeed_config(ctx)
+    _fabric_deepspeed(ctx)
+
+
+def _fabric_deepspeed(ctx) -> None:
+    """Fabric's ``DeepSpeedStrategy(config=cfg)`` with ``gradient_accumulation_steps`` N > 1 in ``cfg`` while the
+    loop also accumulates by hand (``if (i + 1) % N == 0: optimizer.step()``). Fabric hands ``fabric.backward`` to
+    ``engine.backward`` (which divides the loss by N) and ``optimizer.step()`` to ``engine.step()`` (which steps only
+    at its own boundary, ``(micro_steps + 1) % N == 0``, counting its own calls): a hand gate then updates once per
+    N² micro-batches, and a hand ``loss / N`` divides twice (REFERENCE §5, ``exp_deepspeed_ga.out``)."""
+    src = ctx.source
+    if "DeepSpeedStrategy" not in src or "%" not in src:
+        return
+    gate = _hand_step_gate(ctx)
+    if gate is None:
+        return
+    for call, func, _cls in cf.all_calls(ctx):
+        q = _qual(ctx, call.func)
+        if not (q.endswith("DeepSpeedStrategy") and (".fabric" in q or q.startswith("lightning_fabric"))):
+            continue
+        cfg = kwarg(call, "config")
+        if cfg is None:
+            continue
+        info = cf._resolve_config_arg(ctx, cfg, func)
+        data = info["data"]
+        if not isinstance(data, dict) or info["mutated"]:
+            continue
+        n = data.get("gradient_accumulation_steps")
+        if isinstance(n, float) and n.is_integer():
+            n = int(n)
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 1:
+            continue
+        when, sev = "", Severity.ERROR
+        up = ctx.index.parent(call)
+        if isinstance(up, cst.IfExp) and (up.body is call or up.orelse is call):
+            test = ctx.module.code_for_node(up.test)
+            v = ctx.resolver.value(up.test, func)
+            taken = v if isinstance(v, bool) else None
+            if up.orelse is call and taken is not None:
+                taken = not taken
+            when = f"When `{test}`{' (not at the values in the script)' if taken is False else ''}: "
+            sev = Severity.WARNING
+        row = ctx.span(gate)[0].row
+        ctx.report(
+            call,
+            f"{when}Fabric's `DeepSpeedStrategy` is given a config with `gradient_accumulation_steps`={n}, so the "
+            f"DeepSpeed engine accumulates itself — `fabric.backward` runs `engine.backward`, which divides the loss "
+            f"by {n}, and `optimizer.step()` runs `engine.step()`, which updates only at its own boundary of {n} "
+            f"calls — while the loop also accumulates by hand (`{ctx.module.code_for_node(gate.test)}`, line {row}): "
+            f"the engine updates once per {n} × {n} = {n * n} micro-batches and a hand `loss / {n}` divides twice. "
+            f"Fix: keep one accumulation — `gradient_accumulation_steps: 1` in the config with the hand gate, or "
+            f"call `optimizer.step()` on every micro-batch without the gate or the manual division.",
+            severity=sev,
+            data={"accumulation": n, "gate_row": row},
+        )
+
+
+def _hand_step_gate(ctx):
+    """An ``if`` whose test takes a remainder (``(i + 1) % N == 0``) and whose body steps an optimizer, inside a loop."""
+    for node in ctx.index.of(cst.If):
+        test = ctx.module.code_for_node(node.test)
+        if "%" not in test:
+            continue
+        body = ctx.module.code_for_node(node.body)
+        if not re.search(r"\b(opt|optim|optimizer|optimiser)\w*\.step\(", body):
+            continue
+        if any(isinstance(a, (cst.For, cst.While)) for a in ctx.index.ancestors(node)):
+            return node
+    return None
 
 
 # ------------------------------------------------------------------------------- DeepSpeedStrategy config
