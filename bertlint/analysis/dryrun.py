@@ -1477,8 +1477,15 @@ class _Runner:
                 return UNK
             imp = self.t.imports.get(nm)
             if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS:
-                # a function from another module of the project: it may scale the loss itself
-                return Tensor(T.Scale((T.Factor(T.OTHER, f"{nm}() from {imp}"),)), True, call)
+                # a function from another module of the project: it may scale the loss itself, but only by what it
+                # is given — handed no accumulation factor (nor a config object that may hold one), its result
+                # does not depend on N
+                n_free = not any(a.star for a in call.args) and not any(
+                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) for v in argv)
+                kind = T.WEIGHT if n_free else T.OTHER
+                t = self._fresh(call)
+                t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
+                return t
             return self._fresh(call)
         if isinstance(func, cst.Attribute):
             if isinstance(base, Tensor):
