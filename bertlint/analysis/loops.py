@@ -1,4 +1,12 @@
-"""One model per training loop, shared by every accumulation / mixed-precision rule (BL1xx, BL2xx).
+"""Training-loop discovery and the per-file facts the dry run starts from (BL1xx, BL2xx).
+
+The rules about what a loop *does* are invariants over its dry run (``bertlint/analysis/dryrun.py`` executes the
+body abstractly into a ``bertlint/trace.py`` trace): BL101–BL105, BL107, BL108, BL112–BL115, BL201, BL202. This
+module still finds the training loops (a loop running a backward, directly or through same-file functions; the
+epoch loops around it; the window-loop shape), resolves the file-level facts (the Accelerator's accumulation
+setting, ``deepspeed.initialize`` / ``prepare`` unpacking, scheduler constructors, schedule-length units) and keeps
+the per-event gate model below for the rules not yet moved to the trace (BL106, BL109, BL110, BL111) and for
+``explain``'s summary line. The receiver table here is the fallback after ``ctx.roles`` (roles from usage).
 
 A *training loop* is a ``for`` / ``while`` loop whose body runs a backward — directly, or through a function
 or method defined in the same file — and that contains no inner loop that itself runs the backward (that

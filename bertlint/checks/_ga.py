@@ -1,6 +1,9 @@
 """Helpers shared by the training-loop rules (BL101–BL115, BL201, BL202). Not a rule module (leading underscore).
 
-Every rule reads ``ctx.loops`` (``bertlint/analysis/loops.py``); none re-walks the tree.
+The window rules read the dry run (``bertlint/analysis/dryrun.py``: ``violations``, ``treport``, the ``t*`` fix
+helpers); the rules not yet moved to it (BL106, BL109, BL110, BL111) read ``ctx.loops``
+(``bertlint/analysis/loops.py``) through ``accum_gated`` / ``single_optimizer`` / ``report``. None re-walks the
+tree.
 """
 
 from __future__ import annotations
@@ -26,20 +29,6 @@ def fw(ctx, package: str, display: Optional[str] = None) -> str:
         return name
 
 
-def sev(ev: Event, default: Severity = Severity.ERROR) -> Severity:
-    """Receivers recognised only by their name lower an error to a warning."""
-    if default == Severity.ERROR and not ev.confident:
-        return Severity.WARNING
-    return default
-
-
-def step_gate(loop: TrainingLoop) -> Optional[Gate]:
-    """The frequency gate of the (first) optimizer step, when the step is gated on the window boundary."""
-    for e in loop.steps:
-        for g in e.frequency_gates:
-            if g.on_boundary:
-                return g
-    return None
 
 
 def no_window(loop: TrainingLoop, gate: Optional[Gate] = None) -> bool:
@@ -75,29 +64,8 @@ def _logging(text: str) -> bool:
     return bool(LOG_RE.search(text)) and not ACCUM_RE.search(text)
 
 
-def n_text(loop: TrainingLoop) -> str:
-    a = loop.accum()
-    return a.n if a is not None else "N"
 
 
-def n_shown(loop: TrainingLoop) -> str:
-    a = loop.accum()
-    return a.shown if a is not None else "N"
-
-
-def times(loop: TrainingLoop) -> str:
-    """``8`` or ``N`` for arithmetic in messages."""
-    a = loop.accum()
-    if a is None:
-        return "N"
-    return str(a.value) if a.value is not None else "N"
-
-
-def stmt_of(ev: Event) -> Optional[cst.SimpleStatementLine]:
-    s = ev.stmt
-    if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1:
-        return s
-    return None
 
 
 def delete_line_edit(ctx, stmt: cst.CSTNode) -> Edit:
@@ -105,43 +73,8 @@ def delete_line_edit(ctx, stmt: cst.CSTNode) -> Edit:
     return Edit("", Position(start.row, 1), Position(end.row + 1, 1))
 
 
-def move_under(ctx, ev: Event, anchor: Event, msg: str):
-    """Unsafe fix: move the statement of ``ev`` to just after ``anchor``'s statement (inside the step gate)."""
-    s, a = stmt_of(ev), stmt_of(anchor)
-    if s is None or a is None or ev.via or anchor.via or s is a:
-        return None
-    try:
-        text = code_of(s.body[0]).strip()
-        ins = ctx.edit_insert_line_after(a, text)
-        dele = delete_line_edit(ctx, s)
-        if ins.start.row == dele.start.row:
-            return None
-        return ctx.fix(msg, [dele, ins], Applicability.UNSAFE)
-    except Exception:
-        return None
 
 
-def move_before(ctx, ev: Event, anchor: Event, msg: str):
-    s, a = stmt_of(ev), stmt_of(anchor)
-    if s is None or a is None or ev.via or anchor.via or s is a:
-        return None
-    try:
-        text = code_of(s.body[0]).strip()
-        ins = ctx.edit_insert_line_before(a, text)
-        dele = delete_line_edit(ctx, s)
-        return ctx.fix(msg, [dele, ins], Applicability.UNSAFE)
-    except Exception:
-        return None
-
-
-def last_window_event(loop: TrainingLoop) -> Optional[Event]:
-    """The last per-window optimizer-step event (the anchor to move calls after)."""
-    cands = [e for e in loop.steps if e.per_window]
-    return cands[-1] if cands else None
-
-
-def recv_text(ev: Event) -> str:
-    return ev.receiver or (dotted(ev.call.func) or "optimizer")
 
 
 def sched_length(f, recv: Optional[str]):
@@ -203,29 +136,6 @@ def single_optimizer(loop: TrainingLoop) -> bool:
     schedules: we do not guess which one accumulates)."""
     return len(optimizers(loop)) <= 1
 
-
-def accum_gate(ctx, loop: TrainingLoop, g: Gate) -> bool:
-    """Is this modulo gate an accumulation gate (not a logging / n_critic / eval gate)? Its modulus is named like an
-    accumulation factor, or equals the factor the loss is divided by."""
-    from bertlint.analysis.loops import ACCUM_RE
-
-    if g.kind != "modulo" or g.modulus is None:
-        return g.kind in ("sync", "boundary", "counter", "window")
-    if no_window(loop, g):
-        return False
-    text = g.modulus_text or ""
-    if ACCUM_RE.search(text):
-        return True
-    if _logging(text):
-        return False
-    mv = ctx.loops.int_value(g.modulus, loop.func)
-    for d in loop.divisions:
-        if d.divisor_text == text:
-            return True
-        dv = ctx.loops.int_value(d.divisor, loop.func)
-        if mv is not None and dv is not None and mv == dv and mv > 1:
-            return True
-    return False
 
 
 def owner_note(ctx, loop: TrainingLoop) -> str:
