@@ -206,19 +206,6 @@ def _folder_stamp(directory: str) -> list:
     return out
 
 
-def _versions_stamp(directory: str) -> list:
-    """What ``bertlint.analysis.versions`` reads for a script in ``directory``: the pin files above it (and what
-    it resolved from them) and the installed distributions."""
-    try:
-        from bertlint.analysis import versions
-
-        sig = versions._signature(directory)
-        pins = [[k, v.text, v.source, v.exact] for k, v in versions.pins_near(directory)]
-    except Exception as e:  # the analysis is being changed under us: do not cache rather than guess
-        return [f"unavailable: {type(e).__name__}: {e}"]
-    return [list(map(list, sig)) if sig else [], pins, _installed_stamp()]
-
-
 class Cache:
     def __init__(self, root: str) -> None:
         self.root = root
@@ -227,16 +214,66 @@ class Cache:
         self.dirty: set[str] = set()
         self.folder_keys: dict[str, str] = {}
         self.global_key: Optional[str] = None
+        self.dir_pins: dict[str, tuple] = {}
+        self.chains: dict[str, tuple] = {}
+        self.resolved: dict[tuple, list] = {}
         self.hits = 0
         self.misses = 0
         self.usable = True
 
     # ---- keys
+    def _dir_pins(self, d: str) -> tuple:
+        """(pin files of ``d`` with size and mtime, whether ``d`` is a repository root), one listing per folder."""
+        hit = self.dir_pins.get(d)
+        if hit is None:
+            from bertlint.analysis import versions
+
+            try:
+                names = os.listdir(d)
+            except OSError:
+                names = []
+            pins = []
+            for n in sorted(names):
+                if versions._is_pin_file(n):
+                    try:
+                        st = os.stat(os.path.join(d, n))
+                    except OSError:
+                        continue
+                    pins.append((d, n, st.st_size, st.st_mtime_ns))
+            root = any(m in names for m in versions._ROOT_MARKERS)
+            hit = self.dir_pins[d] = (tuple(pins), root)
+        return hit
+
+    def _chain(self, d: str) -> tuple:
+        """The pin files from ``d`` up to the repository root, as ``versions._signature`` walks them."""
+        hit = self.chains.get(d)
+        if hit is None:
+            pins, root = self._dir_pins(d)
+            parent = os.path.dirname(d)
+            hit = pins if root or parent == d else pins + self._chain(parent)
+            self.chains[d] = hit
+        return hit
+
+    def versions_key(self, directory: str) -> list:
+        """What ``bertlint.analysis.versions`` reads for a script in ``directory``: the pin files above it (names,
+        sizes, modification times), the pins it resolves from them (asked once per distinct set of pin files), and
+        the installed frameworks."""
+        try:
+            chain = self._chain(directory)
+            pins = self.resolved.get(chain)
+            if pins is None:
+                from bertlint.analysis import versions
+
+                pins = self.resolved[chain] = [[k, v.text, v.source, v.exact] for k, v in versions.pins_near(directory)]
+        except Exception as e:  # the analysis is being changed under us: do not cache rather than guess
+            return [f"unavailable: {type(e).__name__}: {e}", os.urandom(8).hex()]
+        return [[list(p) for p in chain], pins, _installed_stamp()]
+
     def key(self, path: str, data: bytes, settings) -> str:
         directory = os.path.dirname(os.path.abspath(path))
         fk = self.folder_keys.get(directory)
         if fk is None:
-            blob = json.dumps([_folder_stamp(directory), _versions_stamp(directory)])
+            blob = json.dumps([_folder_stamp(directory), self.versions_key(directory)])
             fk = self.folder_keys[directory] = hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
         if self.global_key is None:
             self.global_key = global_key()
