@@ -4,6 +4,11 @@
 script is not edited), stops it after a bounded amount of training, and gives every static diagnostic a
 ``verification`` {status, evidence}; it also reports what only the run shows, and where the memory goes.
 
+The child runs in its own process group, bounded by a wall-clock deadline, with what it saves redirected to a
+temporary folder (``_sandbox``); the group and the folders are gone on every way out. ``VerifyResult.outcome``
+(:data:`OUTCOMES`) and ``exit_code`` (0 verified, nothing found; 1 verified, findings; 3 the script failed or
+nothing could be verified) say whether the run verified anything.
+
 This module does not import torch: the child process does. bertlint itself never dies with a traceback here:
 any failure of the verifier becomes an "inconclusive"/"not-run" verification with the reason.
 """
@@ -169,9 +174,10 @@ def _run_child(cmd: list[str], log_path: str, deadline: float, env: dict, record
                     return rc, False
                 now = time.time()
                 if now > deadline + DEADLINE_GRACE:
-                    killed = True
+                    # a run that had ended (its final record written) and was only shutting down is not a timeout
+                    killed = ended_at is None
                     _kill_group(p.pid)
-                    return p.wait(), True
+                    return p.wait(), killed
                 if ended_at is None and _final_main_record(record_dir):
                     ended_at = now
                 if ended_at is not None and now > ended_at + SHUTDOWN_GRACE:

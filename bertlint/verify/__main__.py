@@ -1,5 +1,9 @@
 """``python -m bertlint.verify SCRIPT [--steps N] [--timeout S] [--report DIR] [--nproc N] [--json] [-- ARGS]``:
-lint SCRIPT and verify its findings at runtime (the same as ``bertlint --verify``; handy under ``torchrun``)."""
+lint SCRIPT and verify its findings at runtime (the same as ``bertlint --verify``; handy under ``torchrun``).
+
+Exit status: 0 verified, nothing found; 1 verified, findings; 3 the script failed or nothing could be verified.
+Under torchrun every rank exits 0 (a non-zero rank makes torchrun print a ChildFailedError traceback); rank 0
+prints the outcome and the status it would have returned."""
 
 from __future__ import annotations
 
