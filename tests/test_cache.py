@@ -178,3 +178,16 @@ def test_cache_dir_option_and_unwritable_folder(tmp_path, capsys):
     blocker.write_text("x")
     rc, out, err = run(capsys, *SEL, "--cache-dir", str(blocker / "c"), "a.py")
     assert rc == 1 and json.loads(out)[0]["code"] == "BL999"  # runs as without a cache
+
+
+def test_bertlint_own_files_are_part_of_the_key(monkeypatch):
+    from bertlint import cache
+
+    real = cache.__dict__.get("_package_stamp")
+    monkeypatch.setattr(cache, "_package_stamp", lambda: [["analysis/loops.py", 100, 1]])
+    a = cache.global_key()
+    monkeypatch.setattr(cache, "_package_stamp", lambda: [["analysis/loops.py", 100, 2]])  # edited in a checkout
+    assert cache.global_key() != a
+    monkeypatch.undo()
+    stamp = cache._package_stamp()
+    assert real is not None and any(p[0].endswith("cli.py") for p in stamp)  # the real stamp lists the modules
