@@ -283,3 +283,50 @@ def test_requires_grad_false_on_the_backbone():
     src = HEAD + "model = AutoModelForSequenceClassification.from_pretrained('bert-base-uncased')\n" \
                  "model.bert.requires_grad_(False)\nt = Trainer(model=model)\n"
     assert setup_of(src).trainers[0].model.frozen_inputs
+
+
+# ------------------------------------------------------------------- classes imported from the project (issue 14)
+def _ctx_at(path: Path, src: str) -> FileContext:
+    path.write_text(src)
+    return FileContext(str(path), src, cst.parse_module(src), Settings(target_versions={"transformers": "5.24.0"}))
+
+
+def test_trainer_and_arguments_classes_imported_from_the_project(tmp_path):
+    (tmp_path / ".git").mkdir()
+    pkg = tmp_path / "proj"
+    (pkg / "train").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train" / "__init__.py").write_text("from .trainers import MyTrainer\n")
+    (pkg / "train" / "trainers.py").write_text(
+        "import transformers\nfrom .base import Base\n\n"
+        "class MyTrainer(Base):\n    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):\n"
+        "        return model(**inputs).loss\n")
+    (pkg / "train" / "base.py").write_text("from transformers import Trainer\n\nclass Base(Trainer):\n    pass\n")
+    (pkg / "args.py").write_text(
+        "from dataclasses import dataclass\nimport transformers\n\n"
+        "@dataclass\nclass Args(transformers.TrainingArguments):\n    extra: int = 1\n")
+    (pkg / "other.py").write_text("class NotATrainer:\n    pass\n")
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    fs = _ctx_at(scripts / "train.py",
+                 "from proj.train import MyTrainer\nfrom proj.args import Args\nfrom proj.other import NotATrainer\n"
+                 "args = Args(output_dir='o', gradient_accumulation_steps=4)\n"
+                 "t = MyTrainer(model=None, args=args)\nu = NotATrainer()\n").setup
+    assert [t.class_name for t in fs.trainers] == ["MyTrainer"]  # re-exported by the package, base in base.py
+    assert "compute_loss" in fs.trainers[0].methods  # the project class's methods come along
+    assert fs.trainers[0].args is not None and fs.trainers[0].args.get("gradient_accumulation_steps") == 4
+
+
+def test_keywords_through_the_shared_evaluator_and_keyword_dicts(tmp_path):
+    src = ("import argparse\nfrom transformers import TrainingArguments\n"
+           "p = argparse.ArgumentParser()\np.add_argument('--no_ckpt', action='store_true')\na = p.parse_args()\n"
+           "args = TrainingArguments(output_dir='o', gradient_checkpointing=not a.no_ckpt)\n"
+           "def launch(build):\n"
+           "    kw = {'output_dir': 'o', 'per_device_train_batch_size': 4, 'gradient_accumulation_steps': 2,\n"
+           "          'learning_rate': 1e-4, 'logging_steps': 5, 'save_strategy': 'no', 'auto_find_batch_size': True}\n"
+           "    return build(kw)\n")
+    fs = _ctx_at(tmp_path / "t.py", src).setup
+    cli, kw = fs.training_args
+    assert cli.get("gradient_checkpointing") is True and "argparse" in cli.origin("gradient_checkpointing")
+    assert kw.class_name.startswith("TrainingArguments keywords") and kw.open_ended
+    assert kw.get("auto_find_batch_size") is True and kw.get("fp16") is UNKNOWN  # only what the dict says
