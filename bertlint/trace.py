@@ -457,7 +457,26 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
                    f"{lost} micro-batch{'es' if lost != 1 else ''} are erased")
             out.append(Violation("BL102", clears[0], msg, {"lost": lost, "window": len(mbs)}, [w.step]))
             break
-    return _first_unique(out)
+    return _first_unique(_merge_adjacent(trace, out))
+
+
+def _merge_adjacent(trace: Trace, vs: list) -> list:
+    """Several optimizers cleared together (``opt_a.zero_grad(); opt_b.zero_grad()`` before the same backward) are
+    one mistake: one violation at the first, naming the others."""
+    if len(vs) < 2:
+        return vs
+    pos = {id(v): trace.events.index(v.event) for v in vs}
+    vs = sorted(vs, key=lambda v: pos[id(v)])
+    out = [vs[0]]
+    for v in vs[1:]:
+        prev = out[-1]
+        between = trace.events[pos[id(prev)] + 1:pos[id(v)]]
+        if not any(e.kind == "backward" for e in between):
+            prev.related.append(v.event)
+            prev.message += f" (the same for `{v.event.name}`)"
+        else:
+            out.append(v)
+    return out
 
 
 def _claimed(trace: Trace, b: Event, opt: str) -> bool:

@@ -47,7 +47,7 @@ from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 
 REPRESENTATIVE_N = 4
-PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108"})
+PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
 MAX_SPLITS = 4
 BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
 
@@ -1670,6 +1670,7 @@ class _Runner:
         ev.meta["block"] = self._cur_block
         ev.meta["depth"] = self.depth
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
+        ev.meta["conds"] = [c for _, c in self.conds]
         ev.meta["in_accumulate"] = bool(self.in_acc)
         self.trace.events.append(ev)
 

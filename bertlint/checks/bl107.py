@@ -18,9 +18,12 @@ from bertlint.types import Severity
 def check(ctx) -> None:
     for run, v, tr in _ga.violations(ctx, "BL107", _ga.PLAIN_OWNERS):
         step = v.event
-        cond = step.meta.get("cond")
+        conds = step.meta.get("conds") or []
+        # the gate on N among the conditions the step runs under (not an inner `if scaler:`)
+        cond = next((c for c in reversed(conds) if tr.n_text in _ga.code_of(c)), step.meta.get("cond"))
         node = cond if cond is not None else step.node
-        when = f" when `{step.cond_text}`" if step.cond_text else ""
+        ctext = _ga.code_of(cond).strip() if cond is not None else ""
+        when = f" when `{ctext}`" if ctext else ""
         _ga.treport(
             ctx, run, tr, node,
             f"The optimizer steps{when}, which already holds on the first micro-batch{_ga.when(tr)}: {v.message}. "
