@@ -149,6 +149,13 @@ def checkpointing_info(setup, versions) -> dict:
                                                  "use_gradient_checkpointing is not known statically)"}
         return {"enabled": False, "text": "off"}
     if on is UNKNOWN:
+        launch = [x for x in checkpointing_sites(setup, tv, launch=True) if x[2] == "launch"]
+        if launch:
+            node, _kw, _via, r, why = launch[0]
+            flag = node.attr.value if isinstance(node, cst.Attribute) else "gradient_checkpointing"
+            how = "reentrant" if r is True else "non-reentrant" if r is False else "reentrant or not: unknown"
+            return {"enabled": None, "reentrant": r,
+                    "text": f"set on the command line (`--{flag}`, which the script checks); when on: {how} ({why})"}
         return {"enabled": None, "text": "unknown"}
     sites = checkpointing_sites(setup, tv)
     re = [s[3] for s in sites]

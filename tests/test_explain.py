@@ -158,3 +158,12 @@ def test_notebook(tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["setups"][0]["effective_batch"]["value"] == 16
     assert any(f["code"] == "BL405" for f in rep["findings"])
+
+
+def test_checkpointing_from_the_command_line_is_stated_with_its_launch(capsys):
+    """The flag arrives on the command line and the script checks it: explain says so (and what it would be)."""
+    script = ROOT / "fixtures" / "trainer" / "v4_46" / "lora_cli_bad.py"
+    assert main([str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpointing:    set on the command line (`--gradient_checkpointing`" in out
+    assert "when on: reentrant" in out and "BL303" in out
