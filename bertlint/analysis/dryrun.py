@@ -502,6 +502,7 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.site = None
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -1574,6 +1575,8 @@ class _Runner:
         saved_names = self.loop_names
         self.loop_names = saved_names | _assigned(fn)
         saved_stmt = self._stmt_node
+        if self.depth == 0:
+            self.site = call  # the loop body's call that led into the helpers
         self.depth += 1
         try:
             self._block(_body(fn.body), new)
@@ -1669,6 +1672,7 @@ class _Runner:
         ev.meta["stmt"] = self._stmt_node
         ev.meta["block"] = self._cur_block
         ev.meta["depth"] = self.depth
+        ev.meta["site"] = self.site if self.depth else None
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
         ev.meta["in_accumulate"] = bool(self.in_acc)

@@ -28,4 +28,5 @@ def check(ctx) -> None:
                    f"clipped more than the last), so the update is not the clipped full-batch gradient. Clip once, "
                    f"right before the step, inside the gate. ({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})")
             fix = _ga.tmove_before(ctx, e, anchor, "Clip once per window, right before the step")
-        _ga.treport(ctx, run, tr, e.node, msg, fix=fix)
+        site = e.meta.get("site")  # a clip inside a helper: reported where the loop calls it
+        _ga.treport(ctx, run, tr, site if site is not None else e.node, msg, fix=fix)
