@@ -508,7 +508,7 @@ class _Runner:
         self.store_logs: list = []
         self.shared: dict = {}  # self.* attributes
         self._loader = None
-        self._inside: set = set()
+        self._outermost = None
         self._stmt_node = None
         self._cur_block: list = []
         self.depth = 0
@@ -549,7 +549,7 @@ class _Runner:
             return self._run_manual()
         chain = [o for o in loop.outer] + [loop.node]
         outermost = chain[0]
-        self._inside = self.dr.inside(outermost)
+        self._outermost = outermost  # assignments inside it are looked up lazily (_counter_init)
         # the statements before the outermost loop, along the path from the function body
         path = _path_to(loop.func.body if loop.func is not None else self.dr.ctx.module, outermost) or []
         # no epoch loop around it: the function holding the loop is entered twice (two epochs)
@@ -598,6 +598,7 @@ class _Runner:
         """Lightning manual optimization: Lightning's own loop calls ``training_step(batch, batch_idx)`` once per
         micro-batch; the body is run with ``batch_idx`` counting from 0 in each epoch."""
         fn = self.loop.func
+        self._outermost = fn
         params = [p.name.value for p in fn.params.params]
         idx_name = params[2] if len(params) > 2 else None
         self.in_micro += 1
@@ -1075,7 +1076,7 @@ class _Runner:
         return _Unk(True, name)
 
     def _counter_init(self, name: str, func):
-        inside = self._inside
+        inside = self.dr.inside(self._outermost) if self._outermost is not None else set()
         vals = set()
         assigns = self.t.assignments.get(name, []) if name.startswith("self.") else self.t.assignments_of(name, func)
         for a in assigns:
@@ -1861,7 +1862,7 @@ def _names(expr) -> list:
 
 
 def _ids_in(node) -> set:
-    return {id(n) for n in _walk(node)} | {id(n) for n in _all_nodes(node)}
+    return {id(n) for n in _all_nodes(node)}
 
 
 def _all_nodes(node):
