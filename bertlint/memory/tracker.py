@@ -194,10 +194,17 @@ def make_tracker(cuda_rounding: bool):
             cat = {"forward": "fwd", "eval": "fwd", "optimizer": "opt"}.get(self.phase, "bwd")
             if cat == "fwd" and self.grad_aware and not torch.is_grad_enabled():
                 cat = "bwd"
-            flat, _ = tree_flatten(out)
+            if isinstance(out, torch.Tensor):  # the common case, without flattening
+                self.register(out, cat)
+                return out
+            flat = out if isinstance(out, (tuple, list)) else tree_flatten(out)[0]
             for t in flat:
                 if isinstance(t, torch.Tensor):
                     self.register(t, cat)
+                elif isinstance(t, (tuple, list)):
+                    for x in tree_flatten(t)[0]:
+                        if isinstance(x, torch.Tensor):
+                            self.register(x, cat)
             return out
 
         # ---- results
