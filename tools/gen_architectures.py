@@ -44,6 +44,8 @@ for name, (mt, kw) in ARCHS.items():
         "intermediate_size": getattr(cfg, "intermediate_size", None) or cfg.hidden_dim,
         "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_position_embeddings,
         "parameters": n,
+        # every published hyper-parameter, as given to AutoConfig.for_model (bertlint memory builds from these)
+        "config": kw,
     }
     print(name, n)
 path = os.path.join(os.path.dirname(__file__), "..", "bertlint", "data", "architectures.json")

@@ -1656,3 +1656,520 @@ def build(ctx) -> FileSetup:
         if os.environ.get("BERTLINT_DEBUG"):
             raise
         return FileSetup()
+
+
+# ===============================================================================================================
+# Set-up facts (issue 14: one set-up model for lint, ``explain``, ``bertlint memory`` and the verifier).
+#
+# Each function returns a ``symbols.Fact``: the value or UNKNOWN, with where it came from. Nothing here turns a
+# missing fact into a default: a keyword the script does not pass is the library's own default (stated as such),
+# anything the analysis cannot read is UNKNOWN with the reason as its source.
+#
+#   config_fact(ctx, expr, func)      the transformers configuration ``expr`` builds: {"model_type": ..., **kw}
+#   checkpoint_config(ctx, name)      a checkpoint's configuration: local ``name/config.json`` or the built-in table
+#   model_fact(ctx, expr, func)       {"class", "config" (Fact), "peft", "node"} of the model ``expr`` evaluates to
+#   training_model_fact(ctx, ...)     the model a Trainer / hand-written loop trains
+#   loop_micro_batch(ctx, lp)         the batch size of the loader the training loop iterates
+#   optimizer_fact(ctx, setup)        {"kind", "fused", "foreach", "momentum", "class"} (the Trainer default by version)
+#   lora_fact(ctx)                    {"r", "targets", "dropout", "alpha"} of the script's LoraConfig
+
+CONFIG_CLASS_MODEL_TYPES = {
+    "BertConfig": "bert", "RobertaConfig": "roberta", "XLMRobertaConfig": "xlm-roberta", "ElectraConfig": "electra",
+    "DistilBertConfig": "distilbert", "AlbertConfig": "albert", "DebertaConfig": "deberta",
+    "DebertaV2Config": "deberta-v2", "GPT2Config": "gpt2", "LlamaConfig": "llama", "MistralConfig": "mistral",
+    "Qwen2Config": "qwen2", "GPTNeoXConfig": "gpt_neox", "OPTConfig": "opt", "T5Config": "t5",
+    "ModernBertConfig": "modernbert", "CamembertConfig": "camembert", "MPNetConfig": "mpnet",
+    "XLNetConfig": "xlnet", "BartConfig": "bart", "GemmaConfig": "gemma", "PhiConfig": "phi",
+}
+_MODEL_WRAPPERS = {"get_peft_model": True, "prepare_model_for_kbit_training": False,
+                   "prepare_model_for_int8_training": False}
+_NOT_MODEL_CLASS = ("Tokenizer", "TokenizerFast", "Config", "Processor", "FeatureExtractor", "ImageProcessor",
+                    "Pipeline", "PeftModel", "Dataset")
+# keywords of from_pretrained / from_dict that are not configuration values
+_LOAD_KEYWORDS = {"pretrained_model_name_or_path", "cache_dir", "revision", "token", "use_auth_token",
+                  "trust_remote_code", "local_files_only", "force_download", "proxies", "return_unused_kwargs",
+                  "subfolder", "config", "dtype", "torch_dtype", "device_map", "low_cpu_mem_usage",
+                  "attn_implementation", "quantization_config", "load_in_8bit", "load_in_4bit", "ignore_mismatched_sizes",
+                  "from_tf", "from_flax", "use_safetensors", "state_dict", "output_loading_info", "variant"}
+
+
+def _F(value: Any, source: str, node: Any = None, kind: str = "literal"):
+    from bertlint.analysis.symbols import Fact
+
+    return Fact(value, source, node, kind)
+
+
+def _unknown(source: str, node: Any = None):
+    return _F(UNKNOWN, source if source.startswith("unknown") else f"unknown: {source}", node, "unknown")
+
+
+def _weakest_kind(kinds) -> str:
+    order = {"literal": 0, "default": 1, "environment": 2, "unset": 3, "unknown": 3}
+    return max(kinds, key=lambda k: order.get(k, 3)) if kinds else "literal"
+
+
+def _script_dir(ctx) -> str:
+    return os.path.dirname(os.path.abspath(getattr(ctx, "filename", "") or "."))
+
+
+def checkpoint_config(ctx, ckpt: Any, node: Any = None):
+    """The configuration of checkpoint ``ckpt``: a local ``ckpt/config.json`` (relative to the script, then the
+    working directory), else the built-in table (``bertlint/data/architectures.json``), else UNKNOWN."""
+    if not isinstance(ckpt, str):
+        return _unknown("the checkpoint name is not statically known", node)
+    for base in (_script_dir(ctx), os.getcwd()):
+        local = ckpt if os.path.isabs(ckpt) else os.path.join(base, ckpt)
+        path = os.path.join(local, "config.json")
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    data = json.load(f)
+            except (OSError, ValueError) as e:
+                return _unknown(f"{path} cannot be read ({e})", node)
+            if isinstance(data, dict) and data.get("model_type"):
+                return _F(data, f"local {os.path.join(ckpt, 'config.json')}", node)
+            return _unknown(f"{path} has no model_type", node)
+    arch = architecture_for(ckpt)
+    if arch is not None and arch.get("model_type"):
+        cfg = dict(arch.get("config") or {k: v for k, v in arch.items()
+                                          if k not in ("aliases", "parameters", "name", "model_type", "config")})
+        cfg["model_type"] = arch["model_type"]
+        return _F(cfg, f"built-in table ({arch['name']})", node)
+    return _unknown(f"the architecture of checkpoint {ckpt!r} is not in bertlint's table and no local "
+                    f"{ckpt}/config.json exists", node)
+
+
+def _with_kwargs(ctx, call, func, base: dict, source: str, base_kind: str = "literal", skip=()):
+    kw = ctx.resolver.call_kwargs(call, func)
+    if "**" in kw:
+        return _unknown(kw["**"].source, call)
+    out, kinds, extra = dict(base), [base_kind], []
+    for k, f in kw.items():
+        if k in skip or k in _LOAD_KEYWORDS:
+            continue
+        if not f.known:
+            return _unknown(f"{k}= of `{code_of(call)[:60]}` is not statically known ({f.source})", call)
+        out[k] = f.value
+        kinds.append(f.kind)
+        if f.kind != "literal":
+            extra.append(f"{k}: {f.source}")
+    return _F(out, source + (f" ({'; '.join(extra)})" if extra else ""), call, _weakest_kind(kinds))
+
+
+def config_fact(ctx, expr, func=None, depth: int = 0):
+    """The transformers configuration ``expr`` evaluates to, as a dict with ``model_type`` and every keyword the
+    script passes (the class's own defaults apply to the others), or UNKNOWN with the reason.
+
+    Read: ``BertConfig(**cfg)`` / ``GPT2Config(n_layer=2)`` (any ``*Config`` of a known model type),
+    ``XConfig.from_dict(d)``, ``AutoConfig.for_model("bert", ...)``, ``AutoConfig.from_pretrained("./dir")`` /
+    ``XConfig.from_pretrained(name, num_labels=3)`` (local config.json or the built-in table), a name bound once
+    to one of these, and later ``config.x = v`` assignments."""
+    r = ctx.resolver
+    if expr is None:
+        return _unknown("no configuration passed")
+    if depth > 6:
+        return _unknown("configuration too deeply aliased", expr)
+    if isinstance(expr, cst.Name):
+        assigns = ctx.symbols.assignments_of(expr.value, func)
+        if len(assigns) != 1:
+            return _unknown(f"`{expr.value}` is bound {len(assigns)} times" if assigns else
+                            f"`{expr.value}` is not bound in this file", expr)
+        a = assigns[0]
+        base = config_fact(ctx, a.value, a.func, depth + 1)
+        if not base.known:
+            return base
+        cfg, src, kinds = dict(base.value), [base.source], [base.kind]
+        prefix = expr.value + "."
+        for key, lst in ctx.symbols.assignments.items():
+            if not key.startswith(prefix) or "." in key[len(prefix):]:
+                continue
+            if len(lst) != 1:
+                return _unknown(f"`{key}` is assigned {len(lst)} times", lst[0].node)
+            f = r.fact(lst[0].value, lst[0].func)
+            if not f.known:
+                return _unknown(f"`{key} = {code_of(lst[0].value)[:40]}` is not statically known ({f.source})", lst[0].node)
+            cfg[key[len(prefix):]] = f.value
+            kinds.append(f.kind)
+            src.append(f"`{key} = {f.value!r}`")
+        return _F(cfg, "; ".join(src), base.node, _weakest_kind(kinds))
+    if not isinstance(expr, cst.Call):
+        return _unknown(f"`{code_of(expr)[:60]}` is not a configuration bertlint reads", expr)
+    name = call_name(expr) or ""
+    parts = name.split(".")
+    last = parts[-1]
+    owner = parts[-2] if len(parts) > 1 else None
+    if last in CONFIG_CLASS_MODEL_TYPES or (last.endswith("Config") and last[:1].isupper() and owner is None
+                                            and last not in ("AutoConfig",)):
+        mt = CONFIG_CLASS_MODEL_TYPES.get(last)
+        if mt is None:
+            return _unknown(f"the model_type of {last} is not known to bertlint", expr)
+        if any(a.keyword is None and not a.star for a in expr.args):
+            return _unknown(f"positional arguments of {last}(...) are not read", expr)
+        return _with_kwargs(ctx, expr, func, {"model_type": mt}, f"{last}(...) in the script")
+    if last == "from_dict" and owner in CONFIG_CLASS_MODEL_TYPES:
+        d = r.fact(positional(expr, 0) or kwarg(expr, "config_dict"), func)
+        if not d.known or not isinstance(d.value, dict):
+            return _unknown(f"the dict given to {owner}.from_dict is not statically known ({d.source})", expr)
+        base = dict(d.value)
+        base["model_type"] = CONFIG_CLASS_MODEL_TYPES[owner]
+        return _with_kwargs(ctx, expr, func, base, f"{owner}.from_dict(...) in the script", d.kind,
+                            skip=("config_dict",))
+    if last == "for_model" and owner == "AutoConfig":
+        mt = r.fact(positional(expr, 0) or kwarg(expr, "model_type"), func)
+        if not isinstance(mt.value, str):
+            return _unknown(f"the model_type given to AutoConfig.for_model is not statically known ({mt.source})", expr)
+        return _with_kwargs(ctx, expr, func, {"model_type": mt.value}, "AutoConfig.for_model(...) in the script",
+                            mt.kind, skip=("model_type",))
+    if last == "from_pretrained" and (owner == "AutoConfig" or owner in CONFIG_CLASS_MODEL_TYPES):
+        ck = r.fact(positional(expr, 0) or kwarg(expr, "pretrained_model_name_or_path"), func)
+        base = checkpoint_config(ctx, ck.value, expr)
+        if not base.known:
+            return base
+        return _with_kwargs(ctx, expr, func, dict(base.value), f"{owner}.from_pretrained({ck.value!r}): {base.source}",
+                            ck.kind)
+    return _unknown(f"`{code_of(expr)[:60]}` is not a configuration bertlint reads", expr)
+
+
+def _is_model_class_name(last: str) -> bool:
+    return bool(last[:1].isupper()) and not last.endswith(_NOT_MODEL_CLASS) and (
+        last.startswith("AutoModel") or split_class(last)[0] is not None or "For" in last or last.endswith("Model"))
+
+
+def model_fact(ctx, expr, func=None, depth: int = 0) -> Optional[dict]:
+    """What ``expr`` (a model expression) is built from: ``{"class": str, "config": Fact, "peft": bool,
+    "node": the constructor call}``, or None when it is not a transformers model bertlint reads. Followed through
+    ``get_peft_model`` / ``prepare_model_for_kbit_training`` wrappers and casts (``.to()``, ``.half()``,
+    ``.cuda()``); a name bound to two different constructors is None."""
+    if expr is None or depth > 8:
+        return None
+    if isinstance(expr, cst.Name):
+        found, peft = None, False
+        for a in ctx.symbols.assignments_of(expr.value, func):
+            sub = model_fact(ctx, a.value, a.func, depth + 1) if not (
+                isinstance(a.value, cst.Call) and _mentions(a.value, expr.value)) else None
+            if sub is None and isinstance(a.value, cst.Call):
+                w = _wrapper_of(a.value)
+                if w is not None:
+                    peft = peft or w
+                    continue
+            if sub is None:
+                continue
+            if found is not None and (found["class"], found["node"]) != (sub["class"], sub["node"]):
+                return None
+            found = sub
+        if found is not None:
+            found = dict(found, peft=found["peft"] or peft)
+        return found
+    if not isinstance(expr, cst.Call):
+        return None
+    name = call_name(expr) or ""
+    parts = name.split(".")
+    last = parts[-1]
+    if isinstance(expr.func, cst.Attribute) and last in ("to", "half", "bfloat16", "float", "cuda", "cpu", "train"):
+        return model_fact(ctx, expr.func.value, func, depth + 1)
+    w = _wrapper_of(expr)
+    if w is not None:
+        inner = model_fact(ctx, positional(expr, 0) or kwarg(expr, "model"), func, depth + 1)
+        return dict(inner, peft=inner["peft"] or w) if inner else None
+    if last in ("from_pretrained", "from_config") and len(parts) >= 2:
+        cls = parts[-2]
+        if not _is_model_class_name(cls):
+            return None
+        if last == "from_config":
+            cfg = config_fact(ctx, positional(expr, 0) or kwarg(expr, "config"), func)
+        else:
+            ce = kwarg(expr, "config")
+            if ce is not None:
+                cfg = config_fact(ctx, ce, func)
+            else:
+                ck = ctx.resolver.fact(positional(expr, 0) or kwarg(expr, "pretrained_model_name_or_path"), func)
+                base = checkpoint_config(ctx, ck.value, expr)
+                cfg = base if not base.known else _with_kwargs(
+                    ctx, expr, func, dict(base.value), f"{cls}.from_pretrained({ck.value!r}): {base.source}", ck.kind)
+        return {"class": cls, "config": cfg, "peft": False, "node": expr}
+    if len(parts) == 1 or (ctx.symbols.qualname(expr.func) or "").startswith("transformers."):
+        if _is_model_class_name(last) and not last.startswith("Auto") and last not in ctx.symbols.classes:
+            cfg = config_fact(ctx, positional(expr, 0) or kwarg(expr, "config"), func)
+            return {"class": last, "config": cfg, "peft": False, "node": expr}
+    return None
+
+
+def _wrapper_of(call) -> Optional[bool]:
+    """True for PEFT wrapping, False for another model wrapper bertlint sees through, None otherwise."""
+    name = call_name(call) or ""
+    if name.endswith("PeftModel.from_pretrained"):
+        return True
+    return _MODEL_WRAPPERS.get(name.split(".")[-1])
+
+
+def _mentions(call, name: str) -> bool:
+    """``call`` reads ``name`` (``model = get_peft_model(model, c)``: a rebinding, not a second constructor)."""
+    inner = positional(call, 0) or kwarg(call, "model")
+    if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name):
+        return call.func.value.value == name
+    return isinstance(inner, cst.Name) and inner.value == name and _wrapper_of(call) is not None
+
+
+def training_model_fact(ctx, setup=None, loop=None) -> Optional[dict]:
+    """The model a set-up trains: the Trainer's ``model=`` argument, else the one model of the file (every
+    model role that bertlint reads naming the same constructor), else None."""
+    t = getattr(setup, "trainer", None)
+    if t is not None and getattr(t, "model_expr", None) is not None:
+        m = model_fact(ctx, t.model_expr, t.func)
+        if m is not None:
+            return m
+    cands = {}
+    try:
+        roles = ctx.roles.all("model")
+    except Exception:  # noqa: BLE001 - roles are optional here
+        roles = []
+    for scope, path, role in roles:
+        fn = scope if isinstance(scope, cst.FunctionDef) else None
+        m = None
+        if "." not in path:
+            m = model_fact(ctx, cst.Name(path), fn)
+        if m is None and role.origin is not None:
+            m = model_fact(ctx, role.origin, fn)
+        if m is not None:
+            key = id(m["node"])
+            if key in cands:
+                m = dict(m, peft=m["peft"] or cands[key]["peft"])
+            cands[key] = m
+    if len(cands) == 1:
+        return next(iter(cands.values()))
+    return None
+
+
+_BATCH_NAME_RE = re.compile(r"(micro_?|per_device_)?(train_)?batch(_size)?", re.IGNORECASE)
+
+
+def _loader_batch(ctx, call, func):
+    bs = kwarg(call, "batch_size") or positional(call, 1)
+    if kwarg(call, "batch_sampler") is not None:
+        return _unknown("the DataLoader uses a batch_sampler", call)
+    if bs is None:
+        return _F(1, f"DataLoader default batch_size=1 (`{code_of(call)[:50]}`)", call)
+    f = ctx.resolver.fact(bs, func)
+    if isinstance(f.value, int) and not isinstance(f.value, bool) and f.value > 0:
+        return _F(f.value, f"DataLoader batch_size ({f.source})", f.node or bs, f.kind)
+    return _unknown(f"batch_size of the training DataLoader ({f.source})", bs)
+
+
+def _loader_call(ctx, expr, func, depth: int = 0):
+    """(DataLoader call, its function) that ``expr`` (a loop's iterable) is, or (None, None)."""
+    if depth > 6 or expr is None:
+        return None, None
+    if isinstance(expr, cst.Call):
+        last = (call_name(expr) or "").split(".")[-1]
+        if last.endswith("DataLoader"):
+            return expr, func
+        if last in ("enumerate", "tqdm", "iter", "islice", "trange") or last.endswith("tqdm"):
+            return _loader_call(ctx, positional(expr, 0) or kwarg(expr, "iterable"), func, depth + 1)
+        return None, None
+    if isinstance(expr, cst.Name):
+        assigns = ctx.symbols.assignments_of(expr.value, func)
+        if len(assigns) == 1 and isinstance(assigns[0].value, cst.Call):
+            c, f = _loader_call(ctx, assigns[0].value, assigns[0].func, depth + 1)
+            if c is not None:
+                return c, f
+    try:
+        role = ctx.roles.of(expr, func)
+    except Exception:  # noqa: BLE001
+        role = None
+    if role is not None and role.role == "dataloader" and role.origin is not None:
+        last = (call_name(role.origin) or "").split(".")[-1]
+        if last.endswith("DataLoader"):
+            return role.origin, None
+    return None, None
+
+
+def loop_micro_batch(ctx, lp):
+    """The micro-batch of a hand-written training loop: the batch size of the DataLoader the loop (or a loop
+    inside it) iterates. Without a DataLoader in the file, a single batch-size constant (``MICRO_BATCH = 8``);
+    with several DataLoaders and none iterated by the loop, UNKNOWN (an evaluation loader is not the training
+    micro-batch)."""
+    node = getattr(lp, "node", None)
+    func = getattr(lp, "func", None)
+    fors = []
+    if isinstance(node, (cst.For,)):
+        fors.append(node)
+
+    class V(cst.CSTVisitor):
+        def visit_For(self, n):
+            if n is not node:
+                fors.append(n)
+
+    if node is not None:
+        walk(node, V())
+    for f in fors:
+        call, cf = _loader_call(ctx, f.iter, func)
+        if call is not None:
+            return _loader_batch(ctx, call, cf if cf is not None else func)
+    loaders = []
+
+    class L(cst.CSTVisitor):
+        def visit_Call(self, n):
+            if (call_name(n) or "").split(".")[-1] == "DataLoader":
+                loaders.append(n)
+
+    walk(ctx.module, L())
+    if not loaders:
+        named = {}
+        for name, assigns in ctx.symbols.assignments.items():
+            if _BATCH_NAME_RE.fullmatch(name) and len(assigns) == 1:
+                f = ctx.resolver.fact(assigns[0].value, assigns[0].func)
+                if isinstance(f.value, int) and not isinstance(f.value, bool) and f.value > 0:
+                    named[name] = (f, assigns[0].node)
+        if len({f.value for f, _ in named.values()}) == 1:
+            name = sorted(named)[0]
+            f, n = named[name]
+            return _F(f.value, f"`{name}` in the script", n, f.kind)
+        return _unknown("no DataLoader and no single batch-size constant in the script")
+    facts = [_loader_batch(ctx, c, None) for c in loaders]
+    vals = {f.value for f in facts if f.known}
+    if len(loaders) == 1 or (len(vals) == 1 and all(f.known for f in facts)):
+        return facts[0]
+    return _unknown(f"{len(loaders)} DataLoaders with batch sizes {sorted(vals)} and none iterated by the training "
+                    "loop")
+
+
+def default_trainer_optim(versions) -> tuple[str, str]:
+    """(optim, source) of ``TrainingArguments.optim``'s default: transformers 5.x defaults to
+    ``adamw_torch_fused`` when torch >= 2.8 (training_args.py: ``default_optim``), else ``adamw_torch``."""
+    try:
+        tf, th = versions.transformers, versions.torch
+        fused = tf.at_least("5.0.0") and th.at_least("2.8.0")
+        src = f"TrainingArguments default for {tf.describe()} with torch {th.text}"
+    except Exception:  # noqa: BLE001
+        return "adamw_torch", "TrainingArguments default (versions unknown)"
+    return ("adamw_torch_fused" if fused else "adamw_torch"), src
+
+
+def _optim_from_name(optim: str) -> dict:
+    o = optim.lower()
+    kind = ("adam8bit" if "8bit" in o else "adafactor" if "adafactor" in o else "sgd" if o.startswith("sgd")
+            else "adamw")
+    return {"kind": kind, "fused": "fused" in o, "foreach": None, "momentum": 0.0, "class": optim}
+
+
+_OPTIM_CLASSES = {"AdamW": "adamw", "Adam": "adam", "SGD": "sgd", "Adafactor": "adafactor", "AdamW8bit": "adam8bit",
+                  "Adam8bit": "adam8bit", "PagedAdamW8bit": "adam8bit", "PagedAdamW": "adamw", "AdamW32bit": "adamw"}
+
+
+def optimizer_fact(ctx, setup=None):
+    """The optimizer of a set-up: ``{"kind": adamw|adam|sgd|adam8bit|adafactor, "fused": bool | None,
+    "foreach": bool | None, "momentum": float, "class": str}``. A Trainer without ``optimizers=``: its ``optim``
+    (explicit, or the default of the target transformers/torch versions); a hand-written loop: the one
+    optimizer constructor of the file (``fused=`` / ``foreach=`` / ``momentum=`` read)."""
+    args = getattr(setup, "args", None)
+    t = getattr(setup, "trainer", None)
+    if args is not None and (t is None or getattr(t, "optimizers", None) is None):
+        s = args.setting("optim") if hasattr(args, "setting") else None
+        if s is not None:
+            if isinstance(s.value, str):
+                return _F(_optim_from_name(s.value), f"TrainingArguments optim={s.value!r} ({args.origin('optim')})",
+                          s.node)
+            return _unknown(f"TrainingArguments optim ({args.origin('optim')})")
+        if getattr(args, "open_ended", False):
+            return _unknown("TrainingArguments **kwargs not resolved: optim may be set")
+        name, src = default_trainer_optim(ctx.versions)
+        kind = "default" if getattr(args, "runtime_cli", False) else "literal"
+        return _F(_optim_from_name(name), f"{src}: optim={name!r}", None, kind)
+    calls = {}
+    try:
+        roles = ctx.roles.all("optimizer")
+    except Exception:  # noqa: BLE001
+        roles = []
+    for scope, path, role in roles:
+        c = role.origin
+        if c is not None and (call_name(c) or "").split(".")[-1] in _OPTIM_CLASSES:
+            calls[id(c)] = (c, scope if isinstance(scope, cst.FunctionDef) else None)
+    if len(calls) != 1:
+        return _unknown("no optimizer constructor bertlint reads" if not calls else
+                        f"{len(calls)} optimizer constructors in the script")
+    c, fn = next(iter(calls.values()))
+    last = (call_name(c) or "").split(".")[-1]
+    kw = ctx.resolver.call_kwargs(c, fn)
+    out = {"kind": _OPTIM_CLASSES[last], "fused": None, "foreach": None, "momentum": 0.0, "class": last}
+    src = [f"{last}(...) in the script"]
+    kinds = ["literal"]
+    for k in ("fused", "foreach", "momentum"):
+        f = kw.get(k)
+        if f is None:
+            continue
+        if not f.known:
+            return _unknown(f"{k}= of {last}(...) is not statically known ({f.source})", c)
+        out[k] = f.value if k != "momentum" else float(f.value or 0.0)
+        kinds.append(f.kind)
+        src.append(f"{k}={f.value!r}")
+    if "**" in kw:
+        return _unknown(kw["**"].source, c)
+    return _F(out, ", ".join(src), c, _weakest_kind(kinds))
+
+
+PEFT_LORA_DEFAULTS = {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0}  # peft.LoraConfig field defaults
+
+
+def lora_fact(ctx):
+    """The script's one ``LoraConfig(...)``: ``{"r", "alpha", "dropout", "targets" (tuple or None: PEFT's
+    per-model default)}``; None as value when there is none; UNKNOWN when a field cannot be read."""
+    calls = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, n):
+            if (call_name(n) or "").split(".")[-1] == "LoraConfig":
+                calls.append(n)
+
+    walk(ctx.module, V())
+    if not calls:
+        return _F(None, "no LoraConfig in the script")
+    if len(calls) > 1:
+        return _unknown(f"{len(calls)} LoraConfig calls in the script")
+    c = calls[0]
+    fn = _enclosing_function(ctx, c)
+    kw = ctx.resolver.call_kwargs(c, fn)
+    if "**" in kw:
+        return _unknown(kw["**"].source, c)
+    out = {"r": PEFT_LORA_DEFAULTS["r"], "alpha": PEFT_LORA_DEFAULTS["lora_alpha"],
+           "dropout": PEFT_LORA_DEFAULTS["lora_dropout"], "targets": None}
+    src, kinds = [], ["literal"]
+    for k, dest in (("r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("target_modules", "targets")):
+        f = kw.get(k)
+        if f is None:
+            src.append(f"{k} PEFT default" if dest != "targets" else "target_modules PEFT's default for the model type")
+            continue
+        if not f.known:
+            return _unknown(f"{k}= of LoraConfig is not statically known ({f.source})", c)
+        v = f.value
+        if dest == "targets":
+            if isinstance(v, str):
+                v = (v,)
+            elif isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+                v = tuple(v)
+            else:
+                return _unknown("target_modules of LoraConfig is not a list of names", c)
+        out[dest] = v
+        kinds.append(f.kind)
+        src.append(f"{k}={f.value!r}")
+    return _F(out, "LoraConfig(" + ", ".join(src) + ")", c, _weakest_kind(kinds))
+
+
+def _enclosing_function(ctx, node) -> Optional[cst.FunctionDef]:
+    found: list = []
+
+    class V(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.stack: list = []
+
+        def visit_FunctionDef(self, n):
+            self.stack.append(n)
+
+        def leave_FunctionDef(self, n):
+            self.stack.pop()
+
+        def visit_Call(self, n):
+            if n is node and not found:
+                found.append(self.stack[-1] if self.stack else None)
+
+    walk(ctx.module, V())
+    return found[0] if found else None

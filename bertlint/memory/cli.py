@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
                                                            "bf16-pure/fp16-pure (half weights)")
     p.add_argument("--checkpointing", choices=("on", "off"), help="activation checkpointing (default: from the script)")
     p.add_argument("--optimizer", choices=OPTIMIZERS)
-    p.add_argument("--lora-rank", type=int, help="simulate LoRA of this rank on query,value")
+    p.add_argument("--lora-rank", type=int, help="simulate LoRA of this rank (targets: --lora-targets, else the "
+                                                  "script's LoraConfig, else PEFT's default for the model type)")
+    p.add_argument("--lora-targets", metavar="NAMES", help="comma-separated module names LoRA adapts (query,value)")
     p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--world-size", type=int, help="devices the ZeRO stages shard over")
     p.add_argument("--gpu", help="card to fit: a size (16GB, 24GiB) or a name (T4, A100-80GB); default: the local "
@@ -66,7 +68,8 @@ def main(argv: Optional[list] = None) -> int:
             return 2
     ov = Overrides(seq_len=a.seq_len, model_config=a.model_config, head=a.head, micro_batch=a.micro_batch,
                    precision=a.precision, checkpointing=None if a.checkpointing is None else a.checkpointing == "on",
-                   optimizer=a.optimizer, zero_stage=a.zero_stage, world_size=a.world_size, lora_rank=a.lora_rank)
+                   optimizer=a.optimizer, zero_stage=a.zero_stage, world_size=a.world_size, lora_rank=a.lora_rank,
+                   lora_targets=tuple(t.strip() for t in a.lora_targets.split(",") if t.strip()) if a.lora_targets else None)
     try:
         specs = specs_from_script(a.script, overrides=ov)
     except MemoryInputError as e:

@@ -140,12 +140,13 @@ def render_text(d: dict) -> str:
     if d.get("what_if"):
         gpu_col = f"fits {d['gpu']['name']}" if d.get("gpu") else ""
         L.append("  what if (the levers in the article's order)")
-        L.append(f"    {'change':<46} {'peak':>12}  {gpu_col}")
+        L.append(f"    {'change':<52} {'peak':>12}  {'in the':<10} {gpu_col}")
         for row in d["what_if"]:
             fit = ""
             if d.get("gpu") and row.get("fits") is not None:
                 fit = "yes" if row["fits"] else "no"
-            L.append(f"    {row['change']:<46} {gib(row.get('peak_bytes')):>12}  {fit:<4} {row.get('note', '')}".rstrip())
+            L.append(f"    {row['change']:<52} {gib(row.get('peak_bytes')):>12}  {row.get('peak_phase') or '-':<10} "
+                     f"{fit:<4} {row.get('note', '')}".rstrip())
     L.append("  assumptions")
     for a in d["assumptions"]:
         L.append(f"    - {a}")

@@ -40,6 +40,7 @@ class Overrides:
     zero_stage: Optional[int] = None
     world_size: Optional[int] = None
     lora_rank: Optional[int] = None
+    lora_targets: Optional[tuple] = None
 
 
 @dataclass
@@ -57,6 +58,7 @@ class _Found:
     custom_models: list = field(default_factory=list)  # (class name, row)
     half_cast: Optional[tuple] = None
     accumulation: Optional[tuple] = None
+    ckpt_call: Optional[tuple] = None  # (kwargs dict or None, row) of gradient_checkpointing_enable(...)
 
 
 def _walk(ctx, found: _Found) -> None:
@@ -138,6 +140,9 @@ def _walk(ctx, found: _Found) -> None:
                         "AdamW32bit": "adamw"}.get(last, "adam8bit")
                 mom = self.val(kwarg(node, "momentum")) if kind == "sgd" else 0.0
                 found.optimizers.append((kind, mom if isinstance(mom, (int, float)) else 0.0, row(node)))
+            if last == "gradient_checkpointing_enable" and found.ckpt_call is None:
+                k = self.val(kwarg(node, "gradient_checkpointing_kwargs"))
+                found.ckpt_call = (k if isinstance(k, dict) else None, row(node))
             if last == "LoraConfig":
                 rk = self.val(kwarg(node, "r"))
                 tg = self.val(kwarg(node, "target_modules"))
@@ -313,6 +318,79 @@ def specs_from_script(path: str, text: Optional[str] = None, overrides: Optional
     return [spec_from_setup(s, ctx=ctx, found=found, overrides=ov, base_dir=base_dir) for s in setups]
 
 
+# PEFT's default LoRA target modules per model type (peft.utils.constants
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
+PEFT_TARGETS = {
+    "bert": ("query", "value"), "roberta": ("query", "value"), "xlm-roberta": ("query", "value"),
+    "electra": ("query", "value"), "camembert": ("query", "value"), "deberta": ("in_proj",),
+    "deberta-v2": ("query_proj", "value_proj"), "distilbert": ("q_lin", "v_lin"), "albert": ("query", "value"),
+    "gpt2": ("c_attn",), "llama": ("q_proj", "v_proj"), "mistral": ("q_proj", "v_proj"),
+    "qwen2": ("q_proj", "v_proj"), "opt": ("q_proj", "v_proj"), "gpt_neox": ("query_key_value",),
+    "t5": ("q", "v"), "modernbert": ("Wqkv",),
+}
+
+
+def _facts():
+    from bertlint.analysis import setup as S
+
+    return S
+
+
+def _model_fact(ctx, setup, found, ov, trainer_model):
+    """The training model from the shared set-up facts, or None (then the older scan applies)."""
+    if ctx is None or ov.model_config or (found.custom_models and not trainer_model):
+        return None
+    try:
+        m = _facts().training_model_fact(ctx, setup)
+    except Exception:  # noqa: BLE001 - the older scan still runs
+        return None
+    if m is None:
+        return None
+    node = m.get("node")
+    import libcst as cst
+
+    from bertlint.analysis.symbols import call_name, kwarg, positional
+
+    if isinstance(node, cst.Call) and (call_name(node) or "").endswith("from_pretrained"):
+        ck = ctx.resolver.fact(positional(node, 0) or kwarg(node, "pretrained_model_name_or_path"),
+                               _facts()._enclosing_function(ctx, node))
+        if isinstance(ck.value, str):
+            m = dict(m, checkpoint=ck.value)
+    return m
+
+
+def _loop_micro_batch(ctx):
+    """The micro-batch fact of the file's training loop(s): they must agree; None without a loop."""
+    try:
+        loops = [lp for lp in ctx.loops if getattr(lp, "backwards", None) is None or lp.backwards]
+    except Exception:  # noqa: BLE001
+        loops = []
+    S = _facts()
+    facts = [S.loop_micro_batch(ctx, lp) for lp in loops]
+    if not facts:
+        return None
+    vals = {f.value for f in facts if f.known}
+    if all(f.known for f in facts) and len(vals) == 1:
+        return facts[0]
+    if len(vals) > 1:
+        return S._unknown(f"{len(facts)} training loops with micro-batches {sorted(vals)}")
+    return next(f for f in facts if not f.known)
+
+
+def _optimizer_fact(ctx, setup):
+    try:
+        return _facts().optimizer_fact(ctx, setup)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _lora_fact(ctx):
+    try:
+        return _facts().lora_fact(ctx)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 @dataclass
 class _LoopSetup:
     """A hand-written loop: only the model is known from ``ctx.setup``; the rest comes from the memory scan."""
@@ -344,10 +422,26 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
     model_info = getattr(setup, "model", None)
     args = getattr(setup, "args", None)
     trainer_model = getattr(setup, "trainer", None) is not None and model_info is not None
-    config, head, name = _model_spec(model_info, found, ov, base_dir, notes, trainer_model)
+    mf = _model_fact(ctx, setup, found, ov, trainer_model)
+    num_labels = 2
+    if mf is not None:
+        cf = mf["config"]
+        if not cf.known:
+            raise MemoryInputError(f"the model's configuration is not statically known ({cf.source}): pass "
+                                   "--model-config PATH (a transformers config.json)")
+        config = {k: v for k, v in cf.value.items() if k not in ("architectures", "_name_or_path", "transformers_version")}
+        head = ov.head or mf["class"]
+        name = mf.get("checkpoint") or getattr(model_info, "checkpoint", None)
+        notes.append(f"architecture: {cf.describe(ctx)}")
+        if isinstance(config.get("num_labels"), int) and config["num_labels"] > 0:
+            num_labels = config["num_labels"]
+        elif isinstance(config.get("id2label"), dict) and config["id2label"]:
+            num_labels = len(config["id2label"])
+    else:
+        config, head, name = _model_spec(model_info, found, ov, base_dir, notes, trainer_model)
     seq = _seq_len(found, ov, notes)
 
-    # micro-batch
+    # micro-batch: the same set-up facts ``explain`` prints (bertlint.analysis.setup)
     mb = ov.micro_batch
     if mb:
         notes.append(f"micro-batch {mb} from --micro-batch")
@@ -357,12 +451,19 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
             raise MemoryInputError(
                 "per_device_train_batch_size is not statically known (set at run time?): pass --micro-batch N")
         notes.append(f"micro-batch {mb}: per_device_train_batch_size ({args.origin('per_device_train_batch_size')})")
-    elif found.loader_batch:
-        mb, row = found.loader_batch[0]
-        notes.append(f"micro-batch {mb}: DataLoader batch_size (line {row})")
     else:
-        raise MemoryInputError("the micro-batch size is not in the script (no TrainingArguments, no DataLoader "
-                               "batch_size): pass --micro-batch N")
+        f = _loop_micro_batch(ctx) if ctx is not None else None
+        if f is not None and f.known:
+            mb = f.value
+            notes.append(f"micro-batch {mb}: {f.describe(ctx)}")
+        elif f is not None:
+            raise MemoryInputError(f"the micro-batch size is not statically known ({f.source}): pass --micro-batch N")
+        elif found.loader_batch:
+            mb, row = found.loader_batch[0]
+            notes.append(f"micro-batch {mb}: DataLoader batch_size (line {row})")
+        else:
+            raise MemoryInputError("the micro-batch size is not in the script (no TrainingArguments, no DataLoader "
+                                   "batch_size): pass --micro-batch N")
 
     # accumulation
     acc = 1
@@ -401,6 +502,8 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
         c = getattr(setup, "checkpointing", None)
         if c is None and model_info is not None and getattr(model_info, "checkpointing", None):
             c = True  # a hand-written loop: model.gradient_checkpointing_enable(...) was called
+        if c is None and found.ckpt_call is not None:
+            c = True
         ckpt = c is True
         if c is not True and c is not False and c is not None:
             notes.append("whether checkpointing is on is not statically known: simulated off (--checkpointing)")
@@ -409,6 +512,8 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
         calls = getattr(model_info, "checkpointing", None) if model_info is not None else None
         if not hasattr(setup, "checkpointing_kwargs") and calls:
             kw = getattr(calls[-1], "kwargs", None)
+        elif not hasattr(setup, "checkpointing_kwargs") and found.ckpt_call is not None:
+            kw = found.ckpt_call[0]
         if isinstance(kw, dict) and isinstance(kw.get("use_reentrant"), bool):
             reentrant = kw["use_reentrant"]
         elif kw is None:
@@ -419,36 +524,45 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
             reentrant = True
             notes.append("checkpointing kwargs without use_reentrant: torch's default, reentrant")
 
-    # optimizer
-    opt, mom = "adamw", 0.0
+    # optimizer: the set-up fact (a Trainer's optim or its default for the target versions; a loop's constructor)
+    opt, mom, fused = "adamw", 0.0, None
+    of = _optimizer_fact(ctx, setup) if ctx is not None else None
     if ov.optimizer:
         opt = ov.optimizer
+        notes.append(f"optimizer {opt} from --optimizer")
+    elif of is not None and of.known:
+        opt, mom, fused = of.value["kind"], of.value.get("momentum") or 0.0, of.value.get("fused")
+        notes.append(f"optimizer {opt}{' (fused)' if fused else ''}: {of.describe(ctx)}")
+    elif of is not None and args is None and "no optimizer constructor" not in of.source:
+        raise MemoryInputError(f"the optimizer is not statically known ({of.source}): pass --optimizer NAME")
+    elif found.optimizers:
+        opt, mom, row = found.optimizers[0]
+        notes.append(f"optimizer {opt} (line {row})")
     else:
-        optim = None
-        if args is not None:
-            s = args.setting("optim") if hasattr(args, "setting") else None
-            optim = getattr(s, "value", None) if s is not None else None
-        if isinstance(optim, str):
-            o = optim.lower()
-            opt = ("adam8bit" if "8bit" in o else "adafactor" if "adafactor" in o else "sgd" if o.startswith("sgd")
-                   else "adamw")
-            notes.append(f"optimizer from TrainingArguments optim={optim!r}")
-        elif found.optimizers:
-            opt, mom, row = found.optimizers[0]
-            notes.append(f"optimizer {opt} (line {row})")
-        else:
-            notes.append("optimizer: AdamW (the Trainer's default; --optimizer)")
+        notes.append("optimizer: none found in the script; AdamW assumed (pass --optimizer)")
 
     # PEFT / frozen parameters
-    lora_rank, targets = ov.lora_rank, ("query", "value")
-    if lora_rank is None and (found.lora or (model_info is not None and getattr(model_info, "peft", False))):
-        if found.lora:
-            lora_rank = found.lora[0]
-            targets = found.lora[1] or targets
-            notes.append(f"LoRA rank {lora_rank} on {', '.join(targets)} (LoraConfig, line {found.lora[2]})")
-        else:
-            lora_rank = 8
-            notes.append("PEFT model with an unresolved LoraConfig: rank 8 on query, value assumed")
+    lora_rank, targets, dropout, alpha = ov.lora_rank, None, 0.0, None
+    lf = _lora_fact(ctx) if ctx is not None else None
+    peft = bool(mf is not None and mf["peft"]) or bool(model_info is not None and getattr(model_info, "peft", False))
+    if lora_rank is None and (peft or (lf is not None and lf.value is not None)):
+        if lf is None or not lf.known:
+            raise MemoryInputError(f"the LoRA set-up is not statically known ({lf.source if lf else 'no LoraConfig'}): "
+                                   "pass --lora-rank R and --lora-targets NAMES")
+        if lf.value is None:
+            raise MemoryInputError("a PEFT model without a LoraConfig in the script: pass --lora-rank R and "
+                                   "--lora-targets NAMES")
+        lora_rank, targets = lf.value["r"], lf.value["targets"]
+        dropout, alpha = float(lf.value["dropout"] or 0.0), lf.value["alpha"]
+        notes.append(f"LoRA: {lf.describe(ctx)}")
+    if ov.lora_targets:
+        targets = tuple(ov.lora_targets)
+    if lora_rank and targets is None:
+        targets = PEFT_TARGETS.get(str(config.get("model_type")))
+        if targets is None:
+            raise MemoryInputError(f"PEFT's default LoRA targets for model_type {config.get('model_type')!r} are not "
+                                   "known to bertlint: pass --lora-targets NAMES")
+        notes.append(f"LoRA targets {', '.join(targets)}: PEFT's default for model_type {config.get('model_type')!r}")
     frozen: tuple = ()
     if model_info is not None and getattr(model_info, "frozen_inputs", None):
         frozen = ("embeddings",)
@@ -490,8 +604,9 @@ def spec_from_setup(setup, *, ctx=None, found: Optional[_Found] = None, override
 
     spec = MemorySpec(config=config, head=head, model_name=name, micro_batch=mb, seq_len=seq, precision=precision,
                       checkpointing=ckpt, reentrant=reentrant, optimizer=opt, sgd_momentum=float(mom or 0.0),
-                      lora_rank=lora_rank, lora_targets=tuple(targets), frozen_modules=frozen, zero_stage=zero,
-                      world_size=world, accumulation=acc, assumptions=notes)
+                      lora_rank=lora_rank, lora_targets=tuple(targets or ("query", "value")), frozen_modules=frozen,
+                      zero_stage=zero, world_size=world, accumulation=acc, assumptions=notes, fused=fused,
+                      lora_dropout=dropout, lora_alpha=alpha, num_labels=num_labels)
     if ov.lora_rank:
         notes.append(f"LoRA rank {ov.lora_rank} from --lora-rank")
     spec.validate()

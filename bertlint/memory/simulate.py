@@ -56,6 +56,9 @@ class MemoryResult:
             "zero_stage": s.zero_stage,
             "world_size": s.world_size,
             "lora_rank": s.lora_rank,
+            "lora_targets": list(s.lora_targets) if s.lora_rank else None,
+            "lora_dropout": s.lora_dropout if s.lora_rank else None,
+            "fused_optimizer": bool(s.fused),
             "device": self.device,
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
@@ -84,11 +87,26 @@ def build_config(spec: MemorySpec):
     for k in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
         cfg.pop(k, None)
     try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        known = list(CONFIG_MAPPING_NAMES)
+    except ImportError:
+        known = []
+    if known and model_type not in known:
+        import difflib
+
+        close = difflib.get_close_matches(str(model_type), known, n=3, cutoff=0.5)
+        raise MemoryInputError(
+            f"transformers {transformers.__version__} has no model_type {model_type!r}"
+            + (f" (closest: {', '.join(close)})" if close else "")
+            + "; pass --model-config PATH to a config.json of a supported architecture") from None
+    try:
         config = transformers.AutoConfig.for_model(model_type, **cfg)
     except Exception as e:  # noqa: BLE001 - transformers raises several kinds on a bad configuration
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise MemoryInputError(
-            f"transformers {transformers.__version__} cannot build a configuration of model_type {model_type!r} ({e}); "
-            "pass --model-config PATH to a config.json of a supported architecture") from None
+            f"transformers {transformers.__version__} cannot build a configuration of model_type {model_type!r} "
+            f"({msg}); pass --model-config PATH to a config.json of a supported architecture") from None
     if spec.head.endswith("ForSequenceClassification") or spec.head.endswith("ForTokenClassification"):
         config.num_labels = spec.num_labels
     return config
@@ -142,21 +160,22 @@ def _instantiate(spec: MemorySpec, config, fake: bool = True):
             f"{type(e).__name__}: {e}; pass --model-config PATH or --head CLASS") from None
 
 
-def _make_lora_linear(torch, base, rank: int, alpha: float):
+def _make_lora_linear(torch, base, rank: int, alpha: float, dropout: float = 0.0):
     nn = torch.nn
 
     class LoraLinear(nn.Module):
-        """PEFT's LoRA on a Linear (lora_dropout 0: identity): base(x) + B(A(x)) * alpha / r."""
+        """PEFT's LoRA on a Linear: base(x) + B(A(dropout(x))) * alpha / r (lora_dropout 0: identity, as PEFT)."""
 
         def __init__(self) -> None:
             super().__init__()
             self.base_layer = base
+            self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
             self.lora_A = nn.Linear(base.in_features, rank, bias=False, dtype=base.weight.dtype)
             self.lora_B = nn.Linear(rank, base.out_features, bias=False, dtype=base.weight.dtype)
             self.scaling = alpha / rank
 
         def forward(self, x):
-            return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scaling
+            return self.base_layer(x) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
     return LoraLinear()
 
@@ -169,7 +188,8 @@ def _apply_lora(torch, model, spec: MemorySpec) -> int:
     for name, mod in list(model.named_modules()):
         for cname, child in list(mod.named_children()):
             if isinstance(child, torch.nn.Linear) and cname in targets:
-                setattr(mod, cname, _make_lora_linear(torch, child, spec.lora_rank, 2.0 * spec.lora_rank))
+                alpha = spec.lora_alpha if spec.lora_alpha else 2.0 * spec.lora_rank
+                setattr(mod, cname, _make_lora_linear(torch, child, spec.lora_rank, alpha, spec.lora_dropout))
                 replaced += 1
     # the task head trains (PEFT's modules_to_save for classification heads)
     for name, p in model.named_parameters():
@@ -211,12 +231,14 @@ class _Adam8bitSim:
 
 def _make_optimizer(torch, params, spec: MemorySpec, cuda: bool):
     params = [p for p in params if p.requires_grad]
+    # fused=True (the script's, or the Trainer's adamw_torch_fused default): one kernel, no foreach temporaries
+    impl = {"fused": True} if spec.fused else {"foreach": cuda}
     if spec.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-5, foreach=cuda)
+        return torch.optim.AdamW(params, lr=1e-5, **impl)
     if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-5, foreach=cuda)
+        return torch.optim.Adam(params, lr=1e-5, **impl)
     if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=spec.sgd_momentum, foreach=cuda)
+        return torch.optim.SGD(params, lr=1e-3, momentum=spec.sgd_momentum, **impl)
     if spec.optimizer == "adafactor":
         from transformers.optimization import Adafactor
 
@@ -354,7 +376,8 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool =
             if n == 0:
                 raise MemoryInputError(
                     f"LoRA targets {list(spec.lora_targets)} match no Linear module of {type(model).__name__}; "
-                    "pass --lora-targets with module names such as query,value")
+                    "pass --lora-targets with the names of its attention projections (e.g. query,value for BERT, "
+                    "q_lin,v_lin for DistilBERT, c_attn for GPT-2, q_proj,v_proj for LLaMA)")
         for prefix in spec.frozen_modules:
             for name, p in model.named_parameters():
                 if name == prefix or name.startswith(prefix + ".") or f".{prefix}." in f".{name}":
@@ -438,12 +461,13 @@ def _run_step(spec: MemorySpec, *, fake: bool, cuda: bool, external_loss: bool =
     return res
 
 
-def apply_zero(res: MemoryResult, stage: int, world: int) -> tuple[int, dict]:
+def apply_zero(res: MemoryResult, stage: int, world: int, with_phase: bool = False):
     """Per-device peak under ZeRO stage 1/2/3 over ``world`` devices, from the simulated categories of each
     phase's peak: stage 1 shards optimizer states, 2 also gradients, 3 also parameters (plus the largest
     layer's parameters, gathered while it runs)."""
-    best, best_cat = 0, {}
-    for snap in res.phase_peaks.values() or [{"peak_bytes": res.peak_bytes, "by_category": res.by_category}]:
+    best, best_cat, best_phase = 0, {}, res.peak_phase
+    snaps = list(res.phase_peaks.items()) or [(res.peak_phase, {"peak_bytes": res.peak_bytes, "by_category": res.by_category})]
+    for phase, snap in snaps:
         cat = dict(snap["by_category"])
         if stage >= 1:
             cat["optimizer_states"] = cat["optimizer_states"] // world
@@ -453,8 +477,8 @@ def apply_zero(res: MemoryResult, stage: int, world: int) -> tuple[int, dict]:
             cat["parameters"] = cat["parameters"] // world + res.largest_block_bytes
         tot = sum(cat.values())
         if tot > best:
-            best, best_cat = tot, cat
-    return best, best_cat
+            best, best_cat, best_phase = tot, cat, phase
+    return (best, best_cat, best_phase) if with_phase else (best, best_cat)
 
 
 def simulate(spec: MemorySpec, device: str = "cuda", *, what_if: bool = False, gpu_bytes: Optional[int] = None) -> MemoryResult:
@@ -515,13 +539,16 @@ def standard_assumptions(spec: MemorySpec, cuda: bool) -> list[str]:
         out.append(
             "CUDA storage rules: every storage rounded up to 512-byte allocator blocks (what "
             "torch.cuda.max_memory_allocated counts); allocator fragmentation (reserved - allocated) not included")
-        out.append("the optimizer uses the multi-tensor (foreach) implementation, PyTorch's default on CUDA")
+        out.append("the optimizer uses the fused implementation (fused=True)" if spec.fused else
+                   "the optimizer uses the multi-tensor (foreach) implementation, PyTorch's default on CUDA")
         out.append(
             "CUDA kernels: dropout keeps a bool mask (native_dropout); attention uses FlashAttention for fp16/bf16 "
             "without a mask and the memory-efficient kernel otherwise (PyTorch's choice on sm80+ GPUs): output and "
             "log-sum-exp are kept, not the B x heads x L x L probabilities")
     else:
-        out.append("CPU storage rules: exact storage sizes; the per-parameter (for-loop) optimizer, PyTorch's default on CPU")
+        out.append("CPU storage rules: exact storage sizes; " + (
+            "the fused optimizer (fused=True)" if spec.fused else
+            "the per-parameter (for-loop) optimizer, PyTorch's default on CPU"))
     if spec.precision in ("bf16", "fp16"):
         out.append("autocast simulated with torch's CPU autocast op lists: matmuls and attention in half precision, "
                    "embeddings, LayerNorm and the loss in fp32 (for BERT-family ops the same dtypes as on CUDA)")
@@ -530,5 +557,6 @@ def standard_assumptions(spec: MemorySpec, cuda: bool) -> list[str]:
     if spec.optimizer == "adam8bit":
         out.append("8-bit Adam modelled after bitsandbytes: 2 x 1 byte per parameter plus one fp32 absmax per 256 values")
     if spec.lora_rank:
-        out.append(f"LoRA rank {spec.lora_rank} on {', '.join(spec.lora_targets)}, PEFT's defaults (dropout 0); the task head trains")
+        out.append(f"LoRA rank {spec.lora_rank} on {', '.join(spec.lora_targets)}, lora_dropout {spec.lora_dropout:g}"
+                   f"{' (a dropout mask per adapted projection)' if spec.lora_dropout else ''}; the task head trains")
     return out

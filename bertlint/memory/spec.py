@@ -47,6 +47,9 @@ class MemorySpec:
     sgd_momentum: float = 0.0
     lora_rank: Optional[int] = None
     lora_targets: tuple = ("query", "value")
+    lora_dropout: float = 0.0  # LoraConfig(lora_dropout=...): a dropout on the adapter's input (keeps a mask)
+    lora_alpha: Optional[float] = None  # None: 2 x rank (only the scaling; no memory effect)
+    fused: Optional[bool] = None  # torch.optim AdamW/Adam/SGD fused=True (no multi-tensor temporaries)
     frozen_modules: tuple = ()  # parameter-name prefixes that do not train (e.g. "bert.embeddings")
     zero_stage: int = 0
     world_size: int = 1

@@ -22,8 +22,8 @@ def what_if_table(res: MemoryResult, device: str, gpu_bytes: Optional[int]) -> l
     s = res.spec
     rows: list[dict] = []
 
-    def add(change: str, peak: Optional[int], note: str = "") -> None:
-        row = {"change": change, "peak_bytes": peak}
+    def add(change: str, peak: Optional[int], note: str = "", phase: Optional[str] = None) -> None:
+        row = {"change": change, "peak_bytes": peak, "peak_phase": phase}
         if peak is not None:
             row["fits"] = fits(peak, device, gpu_bytes)
         if note:
@@ -37,7 +37,12 @@ def what_if_table(res: MemoryResult, device: str, gpu_bytes: Optional[int]) -> l
         except Exception as e:  # noqa: BLE001 - a lever that cannot be simulated is reported, not raised
             add(change, None, f"not simulated: {e}")
             return
-        add(change, r.peak_bytes)
+        note = ""
+        if r.peak_phase != res.peak_phase:
+            note = f"the peak moves to the {r.peak_phase}" + (
+                " (activations are freed by then: the optimizer states and gradients set it)"
+                if r.peak_phase == "optimizer" else "")
+        add(change, r.peak_bytes, note, r.peak_phase)
 
     if s.micro_batch > 1:
         sim("micro-batch 1", micro_batch=1)
@@ -57,15 +62,19 @@ def what_if_table(res: MemoryResult, device: str, gpu_bytes: Optional[int]) -> l
             continue
         if base is None:
             base = simulate(s.with_(zero_stage=0), device)
-        peak, _ = apply_zero(base, stage, world)
+        peak, _, phase = apply_zero(base, stage, world, with_phase=True)
         add(f"ZeRO stage {stage} over {world} devices", peak,
-            "derived from the simulated categories; communication buckets not counted")
+            "derived from the simulated categories; communication buckets not counted", phase)
     if not s.lora_rank:
-        sim("LoRA rank 8 on query,value", lora_rank=8, lora_targets=("query", "value"))
+        from bertlint.memory.script import PEFT_TARGETS
+
+        tg = PEFT_TARGETS.get(str(s.config.get("model_type")))
+        if tg:
+            sim(f"LoRA rank 8 on {','.join(tg)} (PEFT's default targets)", lora_rank=8, lora_targets=tg)
     if s.accumulation > 1:
         add(f"gradient accumulation x{s.accumulation} (already on)", res.peak_bytes,
-            f"same peak; effective batch {s.micro_batch} x {s.accumulation} = {s.micro_batch * s.accumulation} per device")
+            phase=res.peak_phase, note=f"same peak; effective batch {s.micro_batch} x {s.accumulation} = {s.micro_batch * s.accumulation} per device")
     else:
-        add("gradient accumulation x4", res.peak_bytes,
-            f"same peak, larger effective batch: {s.micro_batch} x 4 = {s.micro_batch * 4} per device")
+        add("gradient accumulation x4", res.peak_bytes, phase=res.peak_phase,
+            note=f"same peak, larger effective batch: {s.micro_batch} x 4 = {s.micro_batch * 4} per device")
     return rows
