@@ -1260,3 +1260,25 @@ def test_shared_epoch_function_judged_per_call_site():
         with torch.no_grad():
             run_mode([torch.randn(2, 4)], "eval")
     ''')
+
+
+def test_framework_class_through_a_project_base(tmp_path):
+    """`class MyTrainer(BaseTrainer)` with BaseTrainer from the project: framework-owned only when the project's class
+    derives from a framework's (read from the project's file)."""
+    from bertlint.api import lint_path
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    base = tmp_path / "proj" / "base.py"
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom proj.base import BaseTrainer\n\n\nclass MyTrainer(BaseTrainer):\n"
+                      "    def evaluate(self, loader=None):\n        self.model.eval()\n        for b in loader:\n"
+                      "            print(self.model(**b))\n        return {}\n")
+    base.write_text("from transformers import Trainer\n\n\nclass BaseTrainer(Trainer):\n    pass\n")
+    assert [d.code for d in lint_path(str(script)) if d.code == "BL502"] == []
+    base.write_text("class BaseTrainer:\n    pass\n")
+    import os
+    st = base.stat()
+    os.utime(base, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert [(d.code, d.start.row) for d in lint_path(str(script)) if d.code == "BL502"] == [("BL502", 9)]

@@ -127,6 +127,9 @@ _FRAMEWORK_PACKAGES = {"transformers", "lightning", "pytorch_lightning", "lightn
                        "diffusers", "sentence_transformers", "setfit", "peft", "ignite", "composer", "mmengine",
                        "mmcv", "detectron2", "fairseq", "allennlp", "catalyst", "skorch", "fastai", "keras",
                        "ultralytics", "torchtune", "deepspeed", "pytorch_accelerated", "nemo", "speechbrain"}
+_PROJECT_FRAMEWORK_RE = re.compile(
+    r"^(transformers|trl|lightning|pytorch_lightning|accelerate|diffusers)(\.[\w.]*)?\."
+    r"\w*(Trainer|LightningModule|Callback|TrainerCallback|Pipeline)$")
 _FRAMEWORK_BASES = re.compile(r"(LightningModule|Trainer|Callback|LightningDataModule|TrainerCallback|Pipeline|Evaluator|Predictor)$")
 
 
@@ -1174,15 +1177,36 @@ class EvalFlow:
                 continue
             q = self.symbols.qualname(base.value)
             if q is not None:
-                # imported: a framework's class only when it comes from a framework package (the project's own
-                # `BaseTrainer`, imported absolutely or relatively, is an ordinary class whose methods the user calls)
+                # imported: a framework's class only when it comes from a framework package, or when the project's
+                # own class it names derives from one (read from the project's files); the project's own
+                # `BaseTrainer` with no framework base is an ordinary class whose methods the user calls
                 if q.split(".")[0] in _FRAMEWORK_PACKAGES and _FRAMEWORK_BASES.search(q):
+                    return True
+                if q.split(".")[0] not in _FRAMEWORK_PACKAGES and self._project_framework_base(cls):
                     return True
                 continue
             if _FRAMEWORK_BASES.search(b):
                 return True  # a name bertlint cannot resolve (star import): keep the framework's benefit of doubt
         return False
 
+
+    def _project_framework_base(self, cls: cst.ClassDef) -> bool:
+        """``cls``'s bases reach a framework class through classes imported from the project's own files."""
+        memo = self.__dict__.setdefault("_pfb_memo", {})
+        if id(cls) not in memo:
+            memo[id(cls)] = False
+            try:
+                import os
+
+                from bertlint.analysis.setup import _import_map, framework_base
+
+                d = os.path.dirname(os.path.abspath(self.filename)) if self.filename not in ("", "-", "<stdin>") \
+                    else os.getcwd()
+                memo[id(cls)] = framework_base(d, self.symbols, _import_map(self.module), cls,
+                                               _PROJECT_FRAMEWORK_RE) is not None
+            except Exception:
+                memo[id(cls)] = False
+        return memo[id(cls)]
 
     def eval_name(self, scope: Scope) -> bool:
         if scope is None:
