@@ -412,6 +412,14 @@ class _LoopSetup:
 
 
 def _loop_batch_size(ctx, lp) -> tuple[Optional[int], str]:
+    try:  # the shared set-up fact (bertlint memory reads the same): the loader the training loop iterates
+        from bertlint.analysis.setup import loop_micro_batch
+
+        f = loop_micro_batch(ctx, lp)
+        if f.known:
+            return f.value, f.source
+    except Exception:  # noqa: BLE001 - fall back on the older scan below
+        pass
     vals = set()
 
     class V(cst.CSTVisitor):

@@ -367,8 +367,8 @@ def _loop_micro_batch(ctx):
         loops = []
     S = _facts()
     facts = [S.loop_micro_batch(ctx, lp) for lp in loops]
-    if not facts:
-        return None
+    if not facts:  # no training loop seen: the file's loaders (one batch size, or unknown), never the first one
+        return S.loop_micro_batch(ctx, None)
     vals = {f.value for f in facts if f.known}
     if all(f.known for f in facts) and len(vals) == 1:
         return facts[0]

@@ -101,7 +101,10 @@ def lookup_architecture(name: str) -> Optional[dict]:
             if not isinstance(v, dict):
                 continue
             if cand == k or cand in (v.get("aliases") or []):
-                return {kk: vv for kk, vv in v.items() if kk not in _TABLE_KEYS_DROP}
+                out = {kk: vv for kk, vv in v.items() if kk not in _TABLE_KEYS_DROP and kk != "config"}
+                if isinstance(v.get("config"), dict):  # every published hyper-parameter (relative attention ...)
+                    out = dict(v["config"], model_type=v["model_type"])
+                return out
     return None
 
 
