@@ -319,3 +319,24 @@ def test_memory_on_the_accumulation_example(capsys):
     d = _cli_cpu(path, capsys, "--seq-len", "128")
     assert d["micro_batch"] == 8 and d["model"]["class"] == "BertForSequenceClassification"
     assert any("`MICRO_BATCH`" in a for a in d["assumptions"])
+
+
+@pytest.mark.parametrize("name,shrink", [
+    ("deberta-v3-base", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+                             vocab_size=100, position_buckets=8)),
+    ("electra-base-discriminator", dict(hidden_size=32, embedding_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=37, vocab_size=100)),
+])
+def test_table_architectures_simulate_to_the_byte(name, shrink):
+    """The table's full hyper-parameters (DeBERTa-v3's relative attention, ELECTRA's embedding_size) build and the
+    simulated step equals a real CPU step of the same (shrunk) architecture."""
+    from bertlint.memory.simulate import simulate
+
+    cfg = dict(lookup_architecture(name), **shrink)
+    spec = MemorySpec(config=cfg, head="AutoModelForSequenceClassification", micro_batch=2, seq_len=16)
+    real = measure_real(spec)
+    assert simulate(spec, "cpu").peak_bytes == real.peak_bytes
+    if name.startswith("deberta"):
+        flat = MemorySpec(config=dict(cfg, relative_attention=False, pos_att_type=None, position_biased_input=True),
+                          head="AutoModelForSequenceClassification", micro_batch=2, seq_len=16)
+        assert measure_real(flat).peak_bytes != real.peak_bytes  # relative attention changes the step's memory

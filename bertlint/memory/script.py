@@ -227,7 +227,9 @@ def _model_spec(model_info, found: _Found, ov: Overrides, base_dir: str, notes: 
         if config is None:
             arch = getattr(model_info, "architecture", None)
             if isinstance(arch, dict) and arch.get("hidden_size"):
-                config = {k: v for k, v in arch.items() if k not in ("aliases", "parameters", "name")}
+                config = {k: v for k, v in arch.items() if k not in ("aliases", "parameters", "name", "config")}
+                if isinstance(arch.get("config"), dict):  # the table's full hyper-parameters
+                    config = dict(arch["config"], model_type=arch.get("model_type") or config.get("model_type"))
                 if "model_type" not in config and getattr(model_info, "family", None):
                     config["model_type"] = model_info.family
                 notes.append(f"architecture: {getattr(model_info, 'architecture_source', None) or 'resolved set-up'}")
