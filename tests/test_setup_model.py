@@ -286,32 +286,32 @@ def test_lora_targets_option_and_what_if_phase(tmp_path, capsys):
 
 
 def _fixture_scripts():
-    out = sorted(glob.glob(os.path.join(ROOT, "fixtures", "memory", "*.py")))
+    out = sorted(glob.glob(os.path.join(ROOT, "fixtures", "**", "*.py"), recursive=True))
     out.append(os.path.join(ROOT, "examples", "train_bert_accum.py"))
     return out
 
 
-@pytest.mark.parametrize("path", _fixture_scripts(), ids=os.path.basename)
-def test_explain_and_memory_read_the_same_set_up(path):
-    from bertlint.memory import MemoryInputError
-
-    rep = explain_source(open(path, encoding="utf-8").read(), path)
-    try:
-        specs = specs_from_script(path, overrides=Overrides(seq_len=16))
-    except MemoryInputError:
-        specs = []  # a set-up memory cannot build (custom model): explain must not claim a micro-batch memory lacks
-        assert all(s["micro_batch"]["value"] is None or s.get("model") is None for s in rep["setups"])
-        return
-    explained = [s for s in rep["setups"] if s.get("model") is not None or s.get("trainer")] or rep["loops"]
-    assert explained, "explain found no set-up"
-    assert len(specs) >= 1
-    for spec, e in zip(specs, explained):
-        if e["micro_batch"]["value"] is not None:
-            assert spec.micro_batch == e["micro_batch"]["value"]
-        acc = e.get("accumulation")
-        acc = acc.get("value") if isinstance(acc, dict) else acc
-        if isinstance(acc, int) and e.get("framework") == "transformers.Trainer":
-            assert spec.accumulation == acc
+def test_explain_and_memory_read_the_same_set_up(tmp_path):
+    """On every fixture where explain states a micro-batch, bertlint memory (with the model and the optimizer
+    given, so that only the set-up facts are compared) reads the same micro-batch and accumulation."""
+    tiny = tmp_path / "tiny.json"
+    tiny.write_text(json.dumps(TINY_BERT))
+    ov = Overrides(seq_len=16, model_config=str(tiny), head="AutoModelForSequenceClassification", optimizer="adamw")
+    compared = 0
+    for path in _fixture_scripts():
+        rep = explain_source(open(path, encoding="utf-8").read(), path)
+        explained = [s for s in rep["setups"] if s.get("model") is not None or s.get("trainer")] or rep["loops"]
+        explained = [e for e in explained if e["micro_batch"]["value"] is not None]
+        if not explained:
+            continue
+        specs = specs_from_script(path, overrides=ov)
+        assert sorted({s.micro_batch for s in specs}) == sorted({e["micro_batch"]["value"] for e in explained}), path
+        for spec, e in zip(specs, explained):
+            acc = (e.get("accumulation") or {}).get("value") if e.get("framework") == "transformers.Trainer" else None
+            if isinstance(acc, int):
+                assert spec.accumulation == acc, path
+        compared += 1
+    assert compared >= 50
 
 
 def test_memory_on_the_accumulation_example(capsys):

@@ -372,8 +372,8 @@ def _loop_micro_batch(ctx):
     if not facts:  # no training loop seen: the file's loaders (one batch size, or unknown), never the first one
         return S.loop_micro_batch(ctx, None)
     vals = {f.value for f in facts if f.known}
-    if all(f.known for f in facts) and len(vals) == 1:
-        return facts[0]
+    if len(vals) == 1:  # an outer (epoch) loop that iterates no loader itself does not make the batch unknown
+        return next(f for f in facts if f.known)
     if len(vals) > 1:
         return S._unknown(f"{len(facts)} training loops with micro-batches {sorted(vals)}")
     return next(f for f in facts if not f.known)
