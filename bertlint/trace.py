@@ -832,6 +832,17 @@ def ddp_sync(trace: Trace) -> list:
             msg = (f"{w.mbs}: backward ×{k} with gradient sync on, `{w.step.name}` after the {ordinal(k)} → {k} "
                    f"all-reduces per update instead of 1")
             out.append(Violation("BL114", w.backwards[0], msg, {"kind": "no-no_sync", "allreduces": k}))
+    elif trace.ddp and not trace.sync_control and not wins and accumulates(trace):
+        # the step's gate could not be decided (an index offset of unknown value), but the loss is divided by N and
+        # every step is conditional while every backward runs: the loop accumulates, with sync on throughout
+        bws = [b for b in trace.of("backward") if b.certain]
+        steps = trace.of("step")
+        if bws and steps and len({b.mb for b in bws}) == trace.micro_batches and all(s.cond_text for s in steps) \
+                and not any(b.fwd_no_sync is True or b.in_no_sync for b in bws):
+            msg = (f"micro-batches 1–{trace.micro_batches}: backward on each with gradient sync on, "
+                   f"`{steps[0].name}` only when `{steps[0].cond_text}` → up to {trace.n_text} all-reduces per "
+                   f"update instead of 1")
+            out.append(Violation("BL114", bws[0], msg, {"kind": "no-no_sync"}))
     return _first_unique(out)
 
 
