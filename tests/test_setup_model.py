@@ -340,3 +340,22 @@ def test_table_architectures_simulate_to_the_byte(name, shrink):
         flat = MemorySpec(config=dict(cfg, relative_attention=False, pos_att_type=None, position_biased_input=True),
                           head="AutoModelForSequenceClassification", micro_batch=2, seq_len=16)
         assert measure_real(flat).peak_bytes != real.peak_bytes  # relative attention changes the step's memory
+
+
+def test_explain_reads_a_config_dict_like_memory(tmp_path):
+    """explain's parameter count of ``BertConfig(**cfg)`` is the dict's model (not bert-base's 109 M)."""
+    import transformers
+
+    path = _write(tmp_path, """
+        import torch
+        from transformers import BertConfig, BertForSequenceClassification
+        cfg = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=2, intermediate_size=128)
+        model = BertForSequenceClassification(BertConfig(**cfg))
+        train_loader = torch.utils.data.DataLoader(ds, batch_size=4)
+        opt = torch.optim.AdamW(model.parameters())
+    """, tail=True)
+    rep = explain_source(open(path).read(), path)
+    (m,) = [x["model"] for x in rep["loops"] + rep["setups"] if x.get("model")] or [None]
+    bare = transformers.BertModel(transformers.BertConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=2,
+                                                          intermediate_size=128))
+    assert m is not None and m["parameters"] == sum(p.numel() for p in bare.parameters())

@@ -1313,7 +1313,15 @@ class _Builder:
                 arch.update(vocab_size=50265 if name == "RobertaConfig" else 250002, max_position_embeddings=514, type_vocab_size=1)
             if name == "ElectraConfig":
                 arch.update(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024)
-            for a in cfg.args:
+            if any(a.star for a in cfg.args):  # BertConfig(**cfg): the shared set-up fact reads the dict
+                f = config_fact(self.ctx, cfg, func)
+                if not f.known or f.value.get("embedding_size") is not None:
+                    return None
+                arch.update({k: v for k, v in f.value.items()
+                             if k in arch and isinstance(v, int) and not isinstance(v, bool)})
+                if f.value.get("is_decoder") is True:
+                    arch["is_decoder"] = True
+            for a in (() if any(a.star for a in cfg.args) else cfg.args):
                 if a.keyword is not None and a.keyword.value in arch:
                     v = self.r.value(a.value, func)
                     if isinstance(v, int) and not isinstance(v, bool):
