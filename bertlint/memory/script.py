@@ -1,6 +1,11 @@
 """From a training script to :class:`MemorySpec` values: the resolved set-up (``ctx.setup``, the Trainer
 analysis, with ``bertlint.analysis.configfiles`` for DeepSpeed files) plus what only the memory simulator needs
-(sequence length, a hand-written loop's batch size, autocast, optimizer). Static: nothing is imported or run.
+(sequence length, autocast). Static: nothing is imported or run.
+
+The model and its configuration, a hand-written loop's micro-batch (the loader the training loop iterates), the
+optimizer (``fused=``; the Trainer's default ``optim`` for the target versions) and the LoRA set-up
+(``lora_dropout`` included) are the shared set-up facts of ``bertlint.analysis.setup`` (``training_model_fact``,
+``loop_micro_batch``, ``optimizer_fact``, ``lora_fact``) that ``explain`` prints too: one set-up model.
 
 Every value carries its origin in ``MemorySpec.assumptions``. What cannot be found is an error that names the
 option that supplies it; nothing is guessed silently."""
