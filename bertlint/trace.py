@@ -824,6 +824,16 @@ def ddp_sync(trace: Trace) -> list:
                    f"all-reduce at the forward, so the micro-batch still all-reduces (no saving)")
             out.append(Violation("BL114", b, msg, {"kind": "backward-only"}))
             return _first_unique(out)
+    for b in trace.of("backward"):
+        # the backward sits under a gate the dry run could not decide (a step counter resumed from a checkpoint),
+        # but its forward ran unconditionally with sync on: whichever micro-batches take that branch, the
+        # `no_sync()` around the backward alone saves nothing
+        if not b.certain and b.in_no_sync and b.fwd_no_sync is False and b.meta.get("fwd_certain") is True:
+            gate = f" (taken when `{b.cond_text}`)" if b.cond_text else ""
+            msg = (f"the backward inside `no_sync()`{gate} belongs to a forward that ran outside it, with sync on "
+                   f"→ DDP prepared the all-reduce at the forward, so that micro-batch still all-reduces (no saving)")
+            out.append(Violation("BL114", b, msg, {"kind": "backward-only"}))
+            return _first_unique(out)
     if trace.ddp and not trace.sync_control and wins and trace.n and trace.n > 1:
         full = [w for w in wins if len([b for b in w.backwards if b.certain]) >= 2]
         if full and not any(b.fwd_no_sync is True or b.in_no_sync for w in full for b in w.backwards):

@@ -114,3 +114,30 @@ def test_two_optimizers_on_different_schedules_have_no_window():
             tr.events.append(ev("step", 5, opt="g"))
     tr = loop(4, body)
     assert tr.window_structure() is None and codes(tr) == []
+
+
+def _gated_no_sync_backward(fwd_certain):
+    """An undecided gate (uncertain events): the backward of the gated branch inside no_sync(), its forward with
+    sync on; ``fwd_certain`` says whether that forward ran outside the undecided condition."""
+    def body(tr, mb, i):
+        tr.events.append(ev("backward", 7, scale=T.Scale((USER,)), text="loss.backward()", certain=False,
+                            in_no_sync=True, fwd_no_sync=False, cond_text="accumulating"))
+        tr.events[-1].meta["fwd_certain"] = fwd_certain
+        tr.events.append(ev("backward", 9, scale=T.Scale((USER,)), text="loss.backward()", certain=False,
+                            fwd_no_sync=False, cond_text="accumulating"))
+        tr.events[-1].meta["fwd_certain"] = fwd_certain
+        tr.events.append(ev("step", 12, opt="opt", text="opt.step()", certain=False, cond_text="not accumulating"))
+    tr = loop(4, body)
+    tr.ddp, tr.sync_control = True, True
+    return tr
+
+
+def test_backward_only_no_sync_under_undecided_gate():
+    vs = [v for v in T.check_all(_gated_no_sync_backward(True)) if v.code == "BL114"]
+    assert [(v.event.line, v.data["kind"]) for v in vs] == [(7, "backward-only")]
+    assert "`accumulating`" in vs[0].message
+
+
+def test_backward_only_silent_when_forward_itself_was_conditional():
+    # the forward's own sync state on the path that reaches the gated backward is not known: stay silent
+    assert not [v for v in T.check_all(_gated_no_sync_backward(False)) if v.code == "BL114"]

@@ -1155,6 +1155,8 @@ class _Runner:
                 base = None
                 if head in frame.locals or head in self.shared:
                     base = self.load(head, frame)
+                elif d not in frame.locals and isinstance(frame.locals.get(d.split(".")[0]), Tensor):
+                    base = self.ev(e.value, frame)  # ``out.losses.total``: an attribute path inside a model output
                 if isinstance(base, Tensor):
                     return base if e.attr.value not in _NO_GRAPH else UNK
                 return self.load(d, frame)
@@ -1520,7 +1522,7 @@ class _Runner:
             ns = None
         else:
             ns = not self.grad_sync
-        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None)
+        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain)
         if self.no_grad:
             return Tensor(T.Scale(), False, call, None)  # made under no_grad(): no graph
         return Tensor(T.Scale(), True, call, self.mb)
@@ -1647,13 +1649,14 @@ class _Runner:
             # a backward outside the micro-batch loop (the non-accumulating arm of ``if N > 1: ... else: ...``):
             # each one is a micro-batch of its own
             self.mb += 1
-        fns, where = self.fwd_ns.get(id(v.node), (None, None)) if isinstance(v, Tensor) and v.node is not None \
-            else (None, None)
+        fns, where, fwd_certain = self.fwd_ns.get(id(v.node), (None, None, False)) \
+            if isinstance(v, Tensor) and v.node is not None else (None, None, False)
         since = v.since if isinstance(v, Tensor) and v.graph else None
         if not self.in_micro and since is not None and since == self.mb - 1:
             since = self.mb  # the forward ran in this iteration, before the backward opened its micro-batch
         self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
         self.trace.events[-1].meta["fwd_ctx"] = where
+        self.trace.events[-1].meta["fwd_certain"] = fwd_certain  # the forward ran whatever the undecided conditions
         return UNK
 
     # ------------------------------------------------------------------ events
