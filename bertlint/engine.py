@@ -17,7 +17,8 @@ import libcst as cst
 
 from bertlint.config import Settings
 from bertlint.context import FileContext
-from bertlint.registry import ENGINE_CODES, all_rules
+from bertlint import registry
+from bertlint.registry import ENGINE_CODES
 from bertlint.types import Diagnostic, Position
 
 # Files that mention none of these are not parsed (TorchFix's trick).
@@ -110,9 +111,7 @@ on_warning: Callable[[str, str], None] = _default_warning
 
 def _run_rules(ctx, target: str, settings: Settings) -> None:
     too_deep = []
-    for r in all_rules():
-        if target not in r.meta.targets or not settings.is_enabled(r.meta.code, r.meta.default_enabled):
-            continue
+    for r in registry.enabled(settings, target):  # imports only the selected rules' modules
         ctx.current = r.meta
         try:
             r.check(ctx)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -28,6 +29,9 @@ class Rule:
 
 _RULES: dict[str, Rule] = {}
 _LOADED = False
+_NAMES: Optional[list[str]] = None
+_IMPORTED: set[str] = set()
+_CODE_MODULE = re.compile(r"bl[0-9]+")  # bertlint/checks/bl101.py defines BL101 (tests/test_registry.py)
 
 
 def rule(
@@ -52,16 +56,47 @@ def rule(
     return deco
 
 
+def _module_names() -> list[str]:
+    global _NAMES
+    if _NAMES is None:
+        import bertlint.checks as pkg
+
+        _NAMES = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return _NAMES
+
+
+def _import(name: str) -> None:
+    if name not in _IMPORTED:
+        importlib.import_module(f"bertlint.checks.{name}")
+        _IMPORTED.add(name)
+
+
 def _load() -> None:
     global _LOADED
     if _LOADED:
         return
-    import bertlint.checks as pkg
-
-    for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"bertlint.checks.{mod.name}")
+    for name in _module_names():
+        _import(name)
     _LOADED = True
+
+
+def enabled(settings, target: str) -> list[Rule]:
+    """The rules ``settings`` enables for ``target`` ("python" | "config"), in code order. With an explicit
+    selection (``--select BL101``) only the modules that can define a selected code are imported: a module named
+    after a code (``bl101.py``) defines that code only; any other module is always imported."""
+    if not _LOADED:
+        if getattr(settings, "select", None) is None:
+            _load()
+        else:
+            for name in _module_names():
+                if _CODE_MODULE.fullmatch(name) and not settings.is_enabled(name.upper(), True):
+                    continue  # not selected, whatever its default (is_enabled(code, True) covers both)
+                _import(name)
+    return [
+        r
+        for c, r in sorted(_RULES.items())
+        if target in r.meta.targets and settings.is_enabled(c, r.meta.default_enabled)
+    ]
 
 
 def all_rules() -> list[Rule]:
@@ -70,7 +105,8 @@ def all_rules() -> list[Rule]:
 
 
 def get(code: str) -> Optional[Rule]:
-    _load()
+    if code not in _RULES:
+        _load()
     return _RULES.get(code)
 
 
