@@ -31,6 +31,8 @@ try:  # libcst is only needed for the script side
 except Exception:  # pragma: no cover
     cst = None  # type: ignore
 
+from bertlint.analysis.versions import repo_root as _repo_root
+
 AUTO = "auto"
 
 # First deepspeed release whose GRADIENT_CLIPPING_DEFAULT is 1.0 (read from the sdists: 0.19.2 has 0., 0.19.3 1.0).
@@ -556,16 +558,6 @@ def accelerate_configs_near(script_path: Optional[str], source: Optional[str] = 
     return []
 
 
-def _repo_root(d: str) -> Optional[str]:
-    cur = d
-    for _ in range(40):
-        if any(os.path.exists(os.path.join(cur, m)) for m in (".git", ".hg")):
-            return cur
-        parent = os.path.dirname(cur)
-        if parent == cur:
-            return None
-        cur = parent
-    return None
 
 
 def _named_by(cfg: AccelerateConfig, source: Optional[str], script_dir: str, script: str) -> bool:

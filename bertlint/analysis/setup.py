@@ -34,6 +34,7 @@ import libcst as cst
 from bertlint.analysis.walk import walk
 
 from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, dotted, kwarg, literal, positional
+from bertlint.analysis.versions import repo_root as _repo_root
 
 # ---------------------------------------------------------------------------------------------------------------
 # known names
@@ -274,16 +275,6 @@ _FRAMEWORK_HEADS = ("transformers", "trl", "torch", "lightning", "pytorch_lightn
 _MAX_PROJECT_FILE = 1_500_000
 
 
-def _repo_root(d: str) -> Optional[str]:
-    cur = d
-    for _ in range(40):
-        if any(os.path.exists(os.path.join(cur, m)) for m in (".git", ".hg")):
-            return cur
-        parent = os.path.dirname(cur)
-        if parent == cur:
-            return None
-        cur = parent
-    return None
 
 
 @lru_cache(maxsize=128)

@@ -68,6 +68,19 @@ _KNOWN: dict[str, list[str]] = {
 
 _ROOT_MARKERS = (".git", ".hg")
 
+def repo_root(d: str) -> Optional[str]:
+    """The nearest folder at or above ``d`` holding a repository marker (``.git``/``.hg``), or None."""
+    cur = d
+    for _ in range(40):
+        if any(os.path.exists(os.path.join(cur, m)) for m in _ROOT_MARKERS):
+            return cur
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return None
+        cur = parent
+    return None
+
+
 INSTALLED = "installed"
 ASSUMED = "assumed current release"
 
