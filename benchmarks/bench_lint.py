@@ -3,7 +3,7 @@
 1. Whole-process latency of ``bertlint FILE`` on a ~200-line and a ~1,200-line training script
    (benchmarks/data/train_small.py, train_large.py) against the floor
    ``python -c "import libcst; libcst.parse_module(src)"``; median of several runs.
-   Targets: <= 1.5x the floor and <= 0.4 s for the 1,200-line script.
+   Targets (issue 12): each script <= 1.2x the floor (stretch: <= 1.1x); median and spread reported.
 2. The installed transformers, accelerate and torch source trees as a large body of real code: files/s,
    crashes (internal errors, tracebacks, exit status), unparsable files reported (BL001) compared with what
    CPython's own parser rejects.
@@ -100,15 +100,16 @@ def latency(runs: int, extra: list[str]) -> list[dict]:
         print(
             f"{row['file']:<32} {lines:>5} lines  floor {floor:.3f} s  bertlint {lint:.3f} s  "
             f"ratio {lint / floor:.2f}x  (exit {rc}); CPU: floor {floor_cpu:.3f} s  bertlint {lint_cpu:.3f} s  "
-            f"ratio {lint_cpu / max(floor_cpu, 1e-9):.2f}x",
+            f"ratio {lint_cpu / max(floor_cpu, 1e-9):.2f}x; spread: floor {min(floor_all):.3f}-{max(floor_all):.3f} s  "
+            f"bertlint {min(lint_all):.3f}-{max(lint_all):.3f} s",
             flush=True,
         )
-    big = out[-1]
-    print(
-        f"targets for the 1,200-line script: ratio <= 1.5x: {'met' if big['ratio'] <= 1.5 else 'NOT met'}; "
-        f"<= 0.4 s: {'met' if big['bertlint_median_s'] <= 0.4 else 'NOT met'}",
-        flush=True,
-    )
+    for r in out:
+        print(
+            f"target {r['file']}: <= 1.2x the floor: {'met' if r['ratio'] <= 1.2 else 'NOT met'} "
+            f"(stretch <= 1.1x: {'met' if r['ratio'] <= 1.1 else 'NOT met'})",
+            flush=True,
+        )
     return out
 
 
