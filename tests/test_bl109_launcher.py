@@ -3,6 +3,7 @@
 import textwrap
 
 from bertlint.api import lint_path
+from bertlint.types import Severity
 
 YAML_DS = textwrap.dedent(
     """\
@@ -79,3 +80,20 @@ def test_hand_gate_under_launcher_deepspeed_is_reported(tmp_path):
 
 def test_hand_gate_without_deepspeed_is_not_bl109(tmp_path):
     assert _codes(tmp_path, GATED, None) == []
+
+
+def _bl109(path):
+    return [(d.start.row, d.severity, d.message) for d in lint_path(str(path)) if d.code == "BL109"]
+
+
+def test_hand_gate_when_deepspeed_is_only_expected_is_a_warning():
+    # No DeepSpeedPlugin in the code and no launcher config: DeepSpeed is an assumption about the launch, so the
+    # finding is a warning that says so; a plugin built in the code keeps it an error.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "fixtures" / "loops"
+    [(row, sev, msg)] = _bl109(root / "accelerate_ds_expected_gate_bad.py")
+    assert (row, sev) == (21, Severity.WARNING)
+    assert "when launched with DeepSpeed" in msg
+    [(row, sev, _)] = _bl109(root / "accelerate_deepspeed_gate_bad.py")
+    assert (row, sev) == (21, Severity.ERROR)
