@@ -204,6 +204,14 @@ class FileDryRun:
             except RecursionError:
                 self.runs.append(LoopRun(loop, [], self))
 
+    def assigned_in(self, fn) -> frozenset:
+        """The names ``fn`` assigns, computed once per function of the file (every inline of a helper asks)."""
+        memo = self.__dict__.setdefault("_assigned_memo", {})
+        hit = memo.get(id(fn))
+        if hit is None or hit[0] is not fn:
+            hit = memo[id(fn)] = (fn, frozenset(_assigned(fn)))
+        return hit[1]
+
     def __iter__(self):
         return iter(self.runs)
 
@@ -1576,7 +1584,7 @@ class _Runner:
             elif nm not in new.locals and nm not in ("self", "cls"):
                 new.locals[nm] = UNK
         saved_names = self.loop_names
-        self.loop_names = saved_names | _assigned(fn)
+        self.loop_names = saved_names | self.dr.assigned_in(fn)
         saved_stmt = self._stmt_node
         if self.depth == 0:
             self.site = call  # the loop body's call that led into the helpers
