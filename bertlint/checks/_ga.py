@@ -182,7 +182,49 @@ def violations(ctx, code: str, owners: Optional[tuple] = None):
             if (code, v.event.line) in seen:
                 continue
             seen.add((code, v.event.line))
+            if tr.config:
+                tr = _with_needed_config(run, code, owners, v, tr)
             yield run, v, tr
+
+
+def _with_needed_config(run, code: str, owners: Optional[tuple], v, tr):
+    """A shallow copy of ``tr`` whose ``when_config`` holds only the conditions the finding depends on: the trace's
+    configuration is that of whichever run reported first, and a condition that does not change whether the same
+    violation occurs is no part of "when". Greedy: a condition is dropped when every configuration (same N run)
+    agreeing with ``tr`` on the remaining ones shows the violation; a configuration that did not split on a
+    condition agrees with either value, and an incomplete run or one of another owner counts as not showing it
+    (both keep more conditions named, never fewer). The same violation in every configuration: nothing named."""
+    import copy
+
+    from bertlint import trace as T
+    from bertlint.analysis.dryrun import PER_LOOP
+
+    cache = run.__dict__.setdefault("_ga_checks", {})
+    key = (code, owners)
+    if key not in cache:
+        cache[key] = [(t, list(T.check(t, code)) if t.complete and (owners is None or t.owner in owners) else [])
+                      for t in run.traces]
+    group = [(t, vs) for t, vs in cache[key] if t.n_source == tr.n_source]
+    occurs = []
+    for t, vs in group:
+        hit = False
+        for w in vs:
+            if code in PER_LOOP:
+                hit = True
+                break
+            run.dr_fill(w, t)
+            if w.event.line == v.event.line:
+                hit = True
+                break
+        occurs.append((t.config, hit))
+    need = dict(tr.config)
+    for k in list(need):
+        trial = {kk: vv for kk, vv in need.items() if kk != k}
+        if all(hit for cfg, hit in occurs if all(cfg.get(kk, vv) == vv for kk, vv in trial.items())):
+            need = trial
+    out = copy.copy(tr)
+    out.when_config = need
+    return out
 
 
 def tsev(ev, default: Severity = Severity.ERROR) -> Severity:
@@ -193,8 +235,15 @@ def tsev(ev, default: Severity = Severity.ERROR) -> Severity:
 
 
 def when(tr) -> str:
-    """`` (when `args.fp16` is set)`` — the configuration the finding needs, or ''."""
-    t = tr.config_text()
+    """`` (when `args.fp16` is set)`` — the configuration the finding needs, or ''. Only the conditions the
+    finding depends on (``when_config``, set by ``violations``), not every condition of the reporting run."""
+    cfg = getattr(tr, "when_config", None)
+    if cfg is None:
+        t = tr.config_text()
+    else:
+        from bertlint import trace as T
+
+        t = T.Trace(config=cfg).config_text()
     if tr.n_source == "N = 1":
         t = (t + " and " if t else "when ") + f"`{tr.n_text}` is 1"
     return f" ({t})" if t else ""
