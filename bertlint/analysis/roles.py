@@ -93,6 +93,38 @@ import libcst as cst
 
 from bertlint.analysis.symbols import SymbolTable, call_name, dotted, kwarg, positional
 
+
+class _LazyRe:
+    """A module-level pattern compiled on its first use (importing this module stays cheap; a lint run
+    compiles only the patterns it reaches)."""
+
+    __slots__ = ("_args", "_rx")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self._args = (pattern, flags)
+        self._rx: Optional[re.Pattern] = None
+
+    def _get(self) -> re.Pattern:
+        rx = self._rx
+        if rx is None:
+            rx = self._rx = re.compile(*self._args)
+        return rx
+
+    def search(self, s: str):
+        return self._get().search(s)
+
+    def match(self, s: str):
+        return self._get().match(s)
+
+    def fullmatch(self, s: str):
+        return self._get().fullmatch(s)
+
+    def __getattr__(self, name: str):
+        return getattr(self._get(), name)
+
+
+_lazy_re = _LazyRe
+
 ROLES = (
     "optimizer",
     "scheduler",
@@ -240,19 +272,19 @@ def decide(evidence: list) -> Optional[Role]:
 
 
 # ---------------------------------------------------------------------------------------------- known packages
-_OPT_CLASS_NAMES = re.compile(
+_OPT_CLASS_NAMES = _lazy_re(
     r"(adam|sgd|lamb|lars|lion|adafactor|adagrad|adadelta|rmsprop|adamax|novograd|sophia|shampoo|came|prodigy|"
     r"schedulefree|optim|radam|nadam|lbfgs|rprop|asgd|adan|muon|galore|lomo|dadapt|apollo|madgrad|sparseadam)",
     re.I,
 )
-_SCHED_FACTORY = re.compile(r"(^|_)(get_\w*schedul\w*|\w*_scheduler|\w*lr_schedul\w*|create_scheduler\w*|"
+_SCHED_FACTORY = _lazy_re(r"(^|_)(get_\w*schedul\w*|\w*_scheduler|\w*lr_schedul\w*|create_scheduler\w*|"
                             r"build_\w*sched\w*|make_\w*sched\w*|\w*warmup\w*|\w*schedule_with\w*)$", re.I)
-_SCHED_CLASS = re.compile(r"(LR|Scheduler|Schedule|Warmup\w*|LambdaLR|SWALR)$")
-_OPT_FACTORY = re.compile(r"^(create_optimizer\w*|build_optimizer\w*|make_optimizer\w*|get_optimizer\w*|"
+_SCHED_CLASS = _lazy_re(r"(LR|Scheduler|Schedule|Warmup\w*|LambdaLR|SWALR)$")
+_OPT_FACTORY = _lazy_re(r"^(create_optimizer\w*|build_optimizer\w*|make_optimizer\w*|get_optimizer\w*|"
                           r"configure_optimizer\w*|init_optimizer\w*|setup_optimizer\w*|\w*_optimizer)$", re.I)
-_LOSS_CLASS = re.compile(r"(Loss|Criterion)$")
+_LOSS_CLASS = _lazy_re(r"(Loss|Criterion)$")
 # callees that take parameters without being an optimizer
-_PARAM_UTILS = re.compile(
+_PARAM_UTILS = _lazy_re(
     r"(^|_)(clip\w*|sum|len|list|tuple|set|sorted|filter|map|zip|chain|enumerate|iter|next|any|all|print|"
     r"numel|count\w*|num_param\w*|ema\w*|\w*average\w*|\w*ema|parameters_to_vector|vector_to_parameters|"
     r"freeze\w*|unfreeze\w*|init\w*|log\w*|get_parameter_names|dict|id|str|repr|format|max|min|\w*norm\w*|"
@@ -265,20 +297,20 @@ _OPT_KWARGS = {"lr", "learning_rate", "weight_decay", "betas", "momentum", "eps"
 
 _SUFFIX = r"(_[a-z0-9]{1,3})?"
 _NAME_HINTS = (
-    ("optimizer", re.compile(rf"^((opt|optim|optimi[sz]er){_SUFFIX}|[a-z0-9]+_(opt|optim|optimi[sz]er))$", re.I)),
-    ("scheduler", re.compile(rf"^((sched|scheduler|lr_scheduler|lr_sched){_SUFFIX}|[a-z0-9]+_(scheduler|sched))$", re.I)),
-    ("grad_scaler", re.compile(r"^(scaler|grad_scaler|amp_scaler|loss_scaler|fp16_scaler|gradscaler)$", re.I)),
-    ("accelerator", re.compile(r"^(accelerator|_accelerator)$", re.I)),
-    ("deepspeed_engine", re.compile(r"^(engine|model_engine|ds_engine|deepspeed_engine|ds_model)$", re.I)),
-    ("fabric", re.compile(r"^(fabric)$", re.I)),
-    ("dataloader", re.compile(r"^((train|eval|val|valid|test|data)_?(data)?_?loader|loader|dataloader|train_dl|val_dl|dl)$", re.I)),
-    ("pipeline", re.compile(r"^(pipe|pipeline|[a-z0-9]+_pipe|[a-z0-9]+_pipeline)$", re.I)),
-    ("trainer", re.compile(r"^(trainer|[a-z0-9]+_trainer)$", re.I)),
-    ("model", re.compile(rf"^((model|net|network|unet|generator|discriminator|netg|netd|backbone|classifier){_SUFFIX}|"
+    ("optimizer", _lazy_re(rf"^((opt|optim|optimi[sz]er){_SUFFIX}|[a-z0-9]+_(opt|optim|optimi[sz]er))$", re.I)),
+    ("scheduler", _lazy_re(rf"^((sched|scheduler|lr_scheduler|lr_sched){_SUFFIX}|[a-z0-9]+_(scheduler|sched))$", re.I)),
+    ("grad_scaler", _lazy_re(r"^(scaler|grad_scaler|amp_scaler|loss_scaler|fp16_scaler|gradscaler)$", re.I)),
+    ("accelerator", _lazy_re(r"^(accelerator|_accelerator)$", re.I)),
+    ("deepspeed_engine", _lazy_re(r"^(engine|model_engine|ds_engine|deepspeed_engine|ds_model)$", re.I)),
+    ("fabric", _lazy_re(r"^(fabric)$", re.I)),
+    ("dataloader", _lazy_re(r"^((train|eval|val|valid|test|data)_?(data)?_?loader|loader|dataloader|train_dl|val_dl|dl)$", re.I)),
+    ("pipeline", _lazy_re(r"^(pipe|pipeline|[a-z0-9]+_pipe|[a-z0-9]+_pipeline)$", re.I)),
+    ("trainer", _lazy_re(r"^(trainer|[a-z0-9]+_trainer)$", re.I)),
+    ("model", _lazy_re(rf"^((model|net|network|unet|generator|discriminator|netg|netd|backbone|classifier){_SUFFIX}|"
                          r"[a-z0-9]+_(model|net))$", re.I)),
 )
 # flags and names about a thing, not the thing: save_optimizer, is_chat_model, model_path, optimizer_class ...
-_NOT_A_THING = re.compile(r"^(is|use|save|load|no|skip|with|has|num|n|do|init|train|freeze|should|enable|disable|"
+_NOT_A_THING = _lazy_re(r"^(is|use|save|load|no|skip|with|has|num|n|do|init|train|freeze|should|enable|disable|"
                           r"print|log|get|make|build|create|setup|wrap|unwrap|cast)_|"
                           r"_(path|name|names|dir|file|config|cfg|args|kwargs|type|class|cls|params|parameters|info|"
                           r"id|card|init|state|dict|fn|func|kw|list|str|size|dtype|device|out|output|outputs|inputs|"
@@ -421,17 +453,17 @@ def classify_qualname(q: str) -> Optional[tuple[str, Optional[str]]]:
 
 
 _FAMILY_OF_QUALNAME = (
-    ("callback", re.compile(r"^(transformers(\..*)?\.TrainerCallback|(lightning|pytorch_lightning)(\..*)?\.Callback)$")),
-    ("dataset", re.compile(r"^(torch\.utils\.data(\.dataset)?\.(Dataset|IterableDataset)|datasets(\..*)?\.Dataset)$")),
-    ("training_args", re.compile(r"^(transformers(\..*)?\.(Seq2Seq)?TrainingArguments|trl(\..*)?\.\w+Config)$")),
+    ("callback", _lazy_re(r"^(transformers(\..*)?\.TrainerCallback|(lightning|pytorch_lightning)(\..*)?\.Callback)$")),
+    ("dataset", _lazy_re(r"^(torch\.utils\.data(\.dataset)?\.(Dataset|IterableDataset)|datasets(\..*)?\.Dataset)$")),
+    ("training_args", _lazy_re(r"^(transformers(\..*)?\.(Seq2Seq)?TrainingArguments|trl(\..*)?\.\w+Config)$")),
     # a LightningDataModule provides data: the "dataset" family (no "module" in the name: it is no nn.Module)
-    ("dataset", re.compile(r"^(lightning|pytorch_lightning)(\..*)?\.LightningDataModule$")),
-    ("trainer", re.compile(r"^(transformers|trl|lightning|pytorch_lightning)(\..*)?\.\w*Trainer$")),
-    ("lightning_module", re.compile(r"^(lightning|pytorch_lightning)(\..*)?\.LightningModule$")),
-    ("optimizer", re.compile(r"^torch\.optim(\.optimizer)?\.Optimizer$")),
-    ("scheduler", re.compile(r"^torch\.optim\.lr_scheduler\.\w+$")),
-    ("pipeline", re.compile(r"^(diffusers|transformers)(\..*)?\.\w*Pipeline$")),
-    ("module", re.compile(r"^(torch\.nn(\.modules)?(\.module)?\.\w+|transformers(\..*)?\.(PreTrainedModel|\w+PreTrainedModel|"
+    ("dataset", _lazy_re(r"^(lightning|pytorch_lightning)(\..*)?\.LightningDataModule$")),
+    ("trainer", _lazy_re(r"^(transformers|trl|lightning|pytorch_lightning)(\..*)?\.\w*Trainer$")),
+    ("lightning_module", _lazy_re(r"^(lightning|pytorch_lightning)(\..*)?\.LightningModule$")),
+    ("optimizer", _lazy_re(r"^torch\.optim(\.optimizer)?\.Optimizer$")),
+    ("scheduler", _lazy_re(r"^torch\.optim\.lr_scheduler\.\w+$")),
+    ("pipeline", _lazy_re(r"^(diffusers|transformers)(\..*)?\.\w*Pipeline$")),
+    ("module", _lazy_re(r"^(torch\.nn(\.modules)?(\.module)?\.\w+|transformers(\..*)?\.(PreTrainedModel|\w+PreTrainedModel|"
                           r"\w+Model|\w+For\w+)|diffusers(\..*)?\.(ModelMixin|\w+Model)|lightning(\..*)?\.LightningModule|"
                           r"transformers\.models\.\w+\.modeling_\w+\.(?!\w*Output$)\w+)$")),
 )
@@ -464,8 +496,8 @@ _HANDED_LAST = frozenset({"step", "unscale_", "initialize", "DistributedDataPara
 _ACCEL_METHODS = frozenset({"prepare", "unwrap_model", "gather_for_metrics", "prepare_model", "prepare_optimizer",
                             "prepare_scheduler", "prepare_data_loader", "wait_for_everyone",
                             "init_trackers", "end_training", "register_for_checkpointing", "skip_first_batches"})
-_TARGET_KW = re.compile(r"^(target|targets|label|labels|y|y_true|gt|ground_truth|reference|ref)$")
-_FWD_SKIP = re.compile(r"(loss|criterion|crit$|metric|score|^compute_|tokeniz|collat|augment|mixup|cutmix|transform|"
+_TARGET_KW = _lazy_re(r"^(target|targets|label|labels|y|y_true|gt|ground_truth|reference|ref)$")
+_FWD_SKIP = _lazy_re(r"(loss|criterion|crit$|metric|score|^compute_|tokeniz|collat|augment|mixup|cutmix|transform|"
                        r"processor|prompting|encode_prompt|^to$|^get_)", re.I)
 
 
