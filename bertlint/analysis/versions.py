@@ -475,18 +475,78 @@ def pins_near(directory: str) -> tuple[tuple[str, TargetVersion], ...]:
 pins_near.cache_clear = _pins_for.cache_clear  # type: ignore[attr-defined]
 
 
+_UNDECIDED = object()
+_PLAIN_VERSION = re.compile(r"[0-9A-Za-z.+!_-]+")
+
+
+def _dist_version_fast(name: str):
+    """What ``importlib.metadata.version(name)`` answers, read the way it searches (the ``*.dist-info`` /
+    ``*.egg-info`` folders of the ``sys.path`` directories, first match wins) without importing it (tens of
+    milliseconds): the version string, None when no distribution of that name is installed, or ``_UNDECIDED``
+    whenever the layout is anything but the plain case (another distribution finder, a zip or ``.egg`` on the path,
+    two matches in one folder, a metadata file that is not a plain ``Version:`` header), where the caller asks
+    ``importlib.metadata`` itself."""
+    import sys
+    from importlib.machinery import PathFinder
+
+    for f in sys.meta_path:
+        if f is not PathFinder and getattr(f, "find_distributions", None) is not None:
+            return _UNDECIDED
+    want = re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
+    for entry in sys.path:
+        root = entry or "."
+        if os.path.basename(root).lower().endswith(".egg"):
+            return _UNDECIDED
+        try:
+            children = os.listdir(root)
+        except OSError:
+            if os.path.isfile(root):
+                return _UNDECIDED  # a zip archive: importlib.metadata reads its entries
+            continue
+        hits = []
+        for child in children:
+            low = child.lower()
+            if low.endswith((".dist-info", ".egg-info")):
+                n = low.rpartition(".")[0].partition("-")[0]
+                if re.sub(r"[-_.]+", "-", n).lower().replace("-", "_") == want:
+                    hits.append(child)
+        if not hits:
+            continue
+        if len(hits) > 1:
+            return _UNDECIDED
+        meta = os.path.join(root, hits[0], "METADATA" if hits[0].lower().endswith(".dist-info") else "PKG-INFO")
+        try:
+            with open(meta, encoding="utf-8") as fh:
+                for line in fh:
+                    if not line.strip():
+                        break
+                    if line.startswith("Version:"):
+                        value = line[len("Version:"):].strip()
+                        return value if _PLAIN_VERSION.fullmatch(value) else _UNDECIDED
+        except (OSError, UnicodeDecodeError):
+            pass
+        return _UNDECIDED
+    return None
+
+
 @lru_cache(maxsize=None)
 def installed(package: str) -> Optional[TargetVersion]:
-    try:
-        from importlib import metadata
-    except ImportError:  # pragma: no cover
-        return None
     names = {"lightning": ("lightning", "pytorch-lightning")}.get(package, (package,))
     for n in names:
-        try:
-            v = parse_version(metadata.version(n))
-        except Exception:
+        fast = _dist_version_fast(n)
+        if fast is None:
             continue
+        if fast is not _UNDECIDED:
+            v = parse_version(fast)
+        else:
+            try:
+                from importlib import metadata
+            except ImportError:  # pragma: no cover
+                return None
+            try:
+                v = parse_version(metadata.version(n))
+            except Exception:
+                continue
         if v:
             return TargetVersion(package, v, INSTALLED)
     return None
