@@ -477,6 +477,7 @@ pins_near.cache_clear = _pins_for.cache_clear  # type: ignore[attr-defined]
 
 _UNDECIDED = object()
 _PLAIN_VERSION = re.compile(r"[0-9A-Za-z.+!_-]+")
+_HEADER_LINE = re.compile(r"[\x21-\x39\x3b-\x7e]+:")
 
 
 def _dist_version_fast(name: str):
@@ -518,11 +519,17 @@ def _dist_version_fast(name: str):
         try:
             with open(meta, encoding="utf-8") as fh:
                 for line in fh:
-                    if not line.strip():
-                        break
-                    if line.startswith("Version:"):
-                        value = line[len("Version:"):].strip()
-                        return value if _PLAIN_VERSION.fullmatch(value) else _UNDECIDED
+                    if line in ("\n", "\r\n"):
+                        break  # end of the headers: no Version header
+                    if not _HEADER_LINE.match(line):
+                        return _UNDECIDED  # a continuation or malformed line: the email parser's rules
+                    if line[:8].lower() == "version:":
+                        value = line[8:].strip()
+                        nxt = next(fh, "")
+                        if line.startswith("Version:") and _PLAIN_VERSION.fullmatch(value) \
+                                and not nxt.startswith((" ", "\t")):
+                            return value
+                        return _UNDECIDED
         except (OSError, UnicodeDecodeError):
             pass
         return _UNDECIDED
