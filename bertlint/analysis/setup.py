@@ -742,6 +742,53 @@ class _Collector(cst.CSTVisitor):
         )
 
 
+class _SharedCollector:
+    """What ``_Collector`` finds, read from the walks every lint makes anyway (``ctx.evalflow``: calls and
+    ``for`` loops in pre-order, their enclosing function, parents, pre-order numbers; ``ctx.index``: the
+    statement lines) instead of a third walk of the whole tree. Same calls, loops, targets and ``order``
+    numbering: the statement lines and calls merged in pre-order, a line numbering its small statements."""
+
+    def __init__(self, ctx) -> None:
+        flow = ctx.evalflow
+        parent, pre, scope = flow.parent.d, flow.order.d, flow.scope.d
+        Line = cst.SimpleStatementLine
+        self.fors = [(n, scope.get(id(n))) for n in flow.loops if type(n) is cst.For]
+        targets: dict[int, list] = {}
+        exprs: set[int] = set()
+        items = []
+        for line in ctx.index.of(Line):
+            items.append((pre[id(line)], line))
+            for small in line.body:
+                if isinstance(small, (cst.Assign, cst.AnnAssign)) and isinstance(small.value, cst.Call):
+                    tg = []
+                    tlist = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                    for t in tlist:
+                        if isinstance(t, (cst.Tuple, cst.List)):
+                            tg.extend(dotted(e.value) or "" for e in t.elements)
+                        else:
+                            tg.append(dotted(t) or "")
+                    targets[id(small.value)] = tg
+                elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                    exprs.add(id(small.value))
+        for c in flow.calls:
+            items.append((pre[id(c)], c))
+        items.sort(key=lambda it: it[0])
+        order: dict[int, int] = {}
+        calls: list[CallSite] = []
+        for _, node in items:
+            if type(node) is Line:
+                for small in node.body:
+                    order[id(small)] = len(order)
+                continue
+            order[id(node)] = len(order)
+            stmt = parent.get(id(node))
+            while stmt is not None and type(stmt) is not Line:
+                stmt = parent.get(id(stmt))
+            calls.append(CallSite(node, scope.get(id(node)), stmt, targets.get(id(node), []), id(node) in exprs))
+        self.calls = calls
+        self.order = order
+
+
 _FREEZE_RE = re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False\s*\)")
 
 
@@ -750,8 +797,7 @@ class _Builder:
         self.ctx = ctx
         self.t = ctx.symbols
         self.r = ctx.resolver
-        self.col = _Collector()
-        walk(ctx.module, self.col)
+        self.col = _SharedCollector(ctx)
         self.dir = os.path.dirname(os.path.abspath(ctx.filename)) if ctx.filename not in ("-", "<stdin>") else "."
         self.by_call: dict[int, CallSite] = {id(c.call): c for c in self.col.calls}
         self._resolving: set[str] = set()
