@@ -2050,14 +2050,7 @@ def loop_micro_batch(ctx, lp):
         call, cf = _loader_call(ctx, f.iter, func)
         if call is not None:
             return _loader_batch(ctx, call, cf if cf is not None else func)
-    loaders = []
-
-    class L(cst.CSTVisitor):
-        def visit_Call(self, n):
-            if (call_name(n) or "").split(".")[-1] == "DataLoader":
-                loaders.append(n)
-
-    walk(ctx.module, L())
+    loaders = _calls_named(ctx, "DataLoader")
     if not loaders:
         named = {}
         for name, assigns in ctx.symbols.assignments.items():
@@ -2158,14 +2151,7 @@ PEFT_LORA_DEFAULTS = {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0}  # peft.Lora
 def lora_fact(ctx):
     """The script's one ``LoraConfig(...)``: ``{"r", "alpha", "dropout", "targets" (tuple or None: PEFT's
     per-model default)}``; None as value when there is none; UNKNOWN when a field cannot be read."""
-    calls = []
-
-    class V(cst.CSTVisitor):
-        def visit_Call(self, n):
-            if (call_name(n) or "").split(".")[-1] == "LoraConfig":
-                calls.append(n)
-
-    walk(ctx.module, V())
+    calls = _calls_named(ctx, "LoraConfig")
     if not calls:
         return _F(None, "no LoraConfig in the script")
     if len(calls) > 1:
@@ -2199,22 +2185,13 @@ def lora_fact(ctx):
     return _F(out, "LoraConfig(" + ", ".join(src) + ")", c, _weakest_kind(kinds))
 
 
+def _calls_named(ctx, last: str) -> list:
+    """The module's calls whose callee's last dotted part is ``last`` (``DataLoader``), in source order."""
+    return [n for n in ctx.index.of(cst.Call) if (call_name(n) or "").split(".")[-1] == last]
+
+
 def _enclosing_function(ctx, node) -> Optional[cst.FunctionDef]:
-    found: list = []
-
-    class V(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.stack: list = []
-
-        def visit_FunctionDef(self, n):
-            self.stack.append(n)
-
-        def leave_FunctionDef(self, n):
-            self.stack.pop()
-
-        def visit_Call(self, n):
-            if n is node and not found:
-                found.append(self.stack[-1] if self.stack else None)
-
-    walk(ctx.module, V())
-    return found[0] if found else None
+    for a in ctx.index.ancestors(node):
+        if isinstance(a, cst.FunctionDef):
+            return a
+    return None
