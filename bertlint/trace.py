@@ -229,6 +229,7 @@ class Trace:
     epochs: int = 1
     complete: bool = True  # the producer understood every relevant statement
     ddp: Optional[bool] = None  # the model is wrapped in DistributedDataParallel (None: not known)
+    ddp_when: str = ""  # the condition of that wrapping ("when `args.distributed`"; "": unconditional)
     sync_control: bool = False  # the loop turns gradient sync off somewhere (no_sync, require_backward_grad_sync)
     line: int = 0  # the loop's line
     notes: list = field(default_factory=list)
@@ -860,7 +861,37 @@ def ddp_sync(trace: Trace) -> list:
                    f"`{steps[0].name}` only when `{steps[0].cond_text}` → up to {trace.n_text} all-reduces per "
                    f"update instead of 1")
             out.append(Violation("BL114", bws[0], msg, {"kind": "no-no_sync"}))
+    if not out and trace.ddp and not trace.sync_control and not wins and trace.n and trace.n > 1:
+        out.extend(_ddp_cleared_windows(trace))
     return _first_unique(out)
+
+
+def _ddp_cleared_windows(trace: Trace) -> list:
+    """The step may or may not run (``if step != config.steps``), but the optimizer's ``zero_grad`` runs for
+    certain: between two of them, k ≥ 2 backwards with sync on and the step (if any) after the last → k
+    all-reduces for that update."""
+    zeros = [e for e in trace.of("zero_grad") if e.of == "optimizer" and e.certain and e.effective is True]
+    steps = trace.of("step")
+    if len(zeros) < 2 or not steps:
+        return []
+    idx = [trace.events.index(z) for z in zeros]
+    for a, b in zip(idx, idx[1:]):
+        seg = trace.events[a + 1:b]
+        bws = [e for e in seg if e.kind == "backward"]
+        if len(bws) < 2 or not all(e.certain for e in bws):
+            continue
+        if any(e.fwd_no_sync is True or e.in_no_sync for e in bws):
+            return []
+        last = seg.index(bws[-1])
+        if any(e.kind == "step" for e in seg[:last]) or not any(e.kind == "step" for e in seg[last:]):
+            continue
+        st = next(e for e in seg[last:] if e.kind == "step")
+        k = len(bws)
+        gate = f" (when `{st.cond_text}`)" if not st.certain and st.cond_text else ""
+        msg = (f"micro-batches {bws[0].mb + 1}–{bws[-1].mb + 1}: backward ×{k} with gradient sync on between two "
+               f"`{zeros[0].name}`, then `{st.name}`{gate} → {k} all-reduces per update instead of 1")
+        return [Violation("BL114", bws[0], msg, {"kind": "no-no_sync", "allreduces": k})]
+    return []
 
 
 # Not run by the linter (whether an epoch has a tail depends on the dataset's length; the static pass stays
