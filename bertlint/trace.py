@@ -767,16 +767,22 @@ def scaler_calls_per_step(trace: Trace) -> list:
     ``unscale_`` per optimizer per update, and no scaled backward added to gradients already unscaled."""
     out = []
     stepped = False
-    unscaled: dict = {}
+    unscaled: dict = {}  # optimizers unscaled since the last update (for "unscale_ twice")
+    pending: dict = {}  # ... and not stepped since: their gradients are unscaled and still to be used
     for e in trace.events:
         if not e.certain:
             if e.kind in ("step", "unscale"):
                 stepped = True  # it may have run: no claim that nothing stepped
+                pending.pop(e.opt, None)
             if e.kind == "update":
-                stepped, unscaled = False, {}
+                stepped, unscaled, pending = False, {}, {}
             continue
         if e.kind == "step" and e.via == "scaler":
             stepped = True
+            # the step consumed this optimizer's unscaled gradients; a later scaled backward (another optimizer's
+            # loss reaching these parameters, as in a GAN's generator pass) lands on gradients that the next
+            # zero_grad clears before this optimizer uses them again
+            pending.pop(e.opt, None)
         elif e.kind == "unscale":
             if unscaled.get(e.opt) is not None:
                 first = unscaled[e.opt]
@@ -785,6 +791,7 @@ def scaler_calls_per_step(trace: Trace) -> list:
                 out.append(Violation("BL202", first, msg, {"error": "unscale twice"}))
             else:
                 unscaled[e.opt] = e
+                pending[e.opt] = e
             stepped = True
         elif e.kind == "update":
             if not stepped:
@@ -792,13 +799,13 @@ def scaler_calls_per_step(trace: Trace) -> list:
                        f"AssertionError: No inf checks were recorded prior to update.")
                 out.append(Violation("BL202", e, msg, {"error": "no inf checks"}))
             stepped = False
-            unscaled = {}
-        elif e.kind == "backward" and e.scaled and unscaled:
-            first = next(iter(unscaled.values()))
+            unscaled, pending = {}, {}
+        elif e.kind == "backward" and e.scaled and pending:
+            first = next(iter(pending.values()))
             msg = (f"micro-batch {first.mb + 1}: `{first.name}`, then micro-batch {e.mb + 1}'s scaled backward adds "
                    f"gradients × the loss scale to unscaled ones before the step")
             out.append(Violation("BL202", first, msg, {"error": "mixed scaled"}))
-            unscaled = {}
+            unscaled, pending = {}, {}
     return _first_unique(out)
 
 
