@@ -664,8 +664,8 @@ class _Runner:
                 # all-reduces on every micro-batch
                 self.trace.sync_control = False
                 self.trace.ddp = True
-                self.trace.ddp_when = (f"if it is one: the file imports it, and turns sync off only when "
-                                       f"`{gate}`")
+                self.trace.ddp_when = (f"when the model is a `DistributedDataParallel` (the file imports it, and "
+                                       f"turns sync off only when `{gate}`)")
         self.trace.owner = self._owner()
         return self.trace
 
