@@ -315,6 +315,22 @@ class FileDryRun:
             v = self._roles[k] = _role(self.f, recv, self.roles, func)
         return v
 
+    def item_role(self, node, func) -> tuple:
+        """(kind, confident) of a subscripted receiver by roles from usage (None when unknown)."""
+        k = ("item", id(node), id(func))
+        v = self._roles.get(k)
+        if v is None:
+            v = (None, False)
+            if self.roles is not None:
+                try:
+                    kind, conf = self.roles.legacy_kind(node, func)
+                except Exception:
+                    kind, conf = None, False
+                if kind in ("optimizer", "scheduler", "scaler"):
+                    v = (kind, conf)
+            self._roles[k] = v
+        return v
+
     def names_calls(self, expr) -> tuple:
         k = id(expr)
         v = self._nc.get(k)
@@ -574,6 +590,7 @@ class _Runner:
         self.local_defs = dr.local_defs(loop.func)
         self.acc_n = self._accelerator_n()
         self.cfg_exprs: dict = {}  # configuration key -> the condition expression it was read from
+        self.n_ncall = bool(n_text) and ".get(" in n_text  # N spelled as a dict lookup call
 
     # ------------------------------------------------------------------ facts
     def _accelerator_n(self):
@@ -1045,8 +1062,10 @@ class _Runner:
         shared with the helpers it is handed to)."""
         out = DictVal()
         for el in d.elements:
-            if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString):
-                out.slots[el.key.value[1:-1]] = self.ev(el.value, frame)
+            if isinstance(el, cst.DictElement):
+                v = self.ev(el.value, frame)
+                if isinstance(el.key, cst.SimpleString):
+                    out.slots[el.key.value[1:-1]] = v
         return out
 
     def _assign(self, target, v, frame) -> None:
@@ -1355,10 +1374,7 @@ class _Runner:
         if tp in (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString):
             return UNK
         if tp is cst.Dict:
-            for el in e.elements:
-                if isinstance(el, cst.DictElement):
-                    self.ev(el.value, frame)
-            return UNK
+            return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
@@ -1489,10 +1505,17 @@ class _Runner:
         recv = dotted(recv_node) if recv_node is not None else None
         name = call_name(call) or ""
         q = self.t.qualname(func) or ""
+        if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
+            return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
+        if recv is None and type(recv_node) is cst.Subscript:
+            # ``self.optimizer[name].step()``: an item of a container the file fills with optimizers
+            rkind, conf = self.dr.item_role(recv_node, frame.func)
+            if rkind is not None:
+                recv = self.dr.code(recv_node)
         # arguments first (calls inside them run first)
         argv = []
         if attr not in ("step",) or rkind not in ("optimizer", "ds_optimizer"):
@@ -1644,7 +1667,8 @@ class _Runner:
             ns = None
         else:
             ns = not self.grad_sync
-        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain)
+        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain,
+                                 self.site if self.depth else None)
         if self.no_grad:
             return Tensor(T.Scale(), False, call, None)  # made under no_grad(): no graph
         return Tensor(T.Scale(), True, call, self.mb)
@@ -1771,14 +1795,19 @@ class _Runner:
             # a backward outside the micro-batch loop (the non-accumulating arm of ``if N > 1: ... else: ...``):
             # each one is a micro-batch of its own
             self.mb += 1
-        fns, where, fwd_certain = self.fwd_ns.get(id(v.node), (None, None, False)) \
-            if isinstance(v, Tensor) and v.node is not None else (None, None, False)
+        fns, where, fwd_certain, fwd_site = self.fwd_ns.get(id(v.node), (None, None, False, None)) \
+            if isinstance(v, Tensor) and v.node is not None else (None, None, False, None)
         since = v.since if isinstance(v, Tensor) and v.graph else None
         if not self.in_micro and since is not None and since == self.mb - 1:
             since = self.mb  # the forward ran in this iteration, before the backward opened its micro-batch
         self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
         self.trace.events[-1].meta["fwd_ctx"] = where
         self.trace.events[-1].meta["fwd_certain"] = fwd_certain  # the forward ran whatever the undecided conditions
+        if frame.depth and frame.func is not None:
+            # the helper holding the backward also runs the forward of its loss (``_training_iteration``), or was
+            # handed a loss made by its caller (``backward(loss, scaler)``)
+            self.trace.events[-1].meta["fwd_here"] = isinstance(v, Tensor) and v.node is not None and (
+                id(v.node) in self.dr.inside(frame.func) or (fwd_site is not None and fwd_site is self.site))
         return UNK
 
     # ------------------------------------------------------------------ events
