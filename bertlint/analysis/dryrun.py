@@ -53,11 +53,12 @@ BUDGET = 60000  # statements + expressions evaluated per run before giving up (t
 
 
 class _Unk:
-    __slots__ = ("inv", "text")
+    __slots__ = ("inv", "text", "mod")
 
-    def __init__(self, inv: bool = False, text: str = "") -> None:
+    def __init__(self, inv: bool = False, text: str = "", mod=None) -> None:
         self.inv = inv  # loop-invariant unknown (a configuration value)
         self.text = text
+        self.mod = mod  # the modulus node when the value comes from ``x % M`` with M unknown (a gate's period)
 
     def __repr__(self) -> str:
         return f"UNK({self.text})"
@@ -604,6 +605,8 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
+        self._last_mod = None
         self.site = None
         self.no_grad = 0
         self.alias_depth = 0
@@ -963,6 +966,8 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
+        mod = self._last_mod if self.n is None else None
+        first_ev = len(self.trace.events)
         saved = self.certain
         self.certain = False
         self.conds.append((line, stmt.test))
@@ -994,7 +999,30 @@ class _Runner:
                 _merge(self.shared, before_s, stored)
             if self.store_logs:
                 self.store_logs[-1] |= stored
+        if mod is not None:
+            self._period_gate(mod, self.trace.events[first_ev:], frame)
         return None
+
+    def _period_gate(self, mod, arm_events: list, frame) -> None:
+        """Roles from usage: a condition ``x % M ...`` (M unknown, any name) that gates an optimizer step makes M
+        the accumulation factor when the loss is also divided by M, or when it is the loop's only optimizer and no
+        backward runs under the gate (one backward per micro-batch, the step every M-th: a WGAN's generator, whose
+        backward runs with its step under ``i % n_critic == 0``, is not accumulation)."""
+        steps = [e for e in arm_events if e.kind == "step"]
+        if not steps:
+            return
+        text = self.dr.code(mod)
+        if any(t == text for _v, t in self.n_candidates):
+            return
+        divided = text in self.divisors
+        if not divided:
+            if any(e.kind == "backward" for e in arm_events):
+                return
+            opts = {e.opt for e in self.trace.events if e.kind == "step"}
+            if len(opts) != 1 or not any(e.kind == "backward" for e in self.trace.events):
+                return
+        v = self._resolved(mod, frame)
+        self.n_candidates.append((v.v if isinstance(v, Num) and v.v is not None and v.v > 1 else None, text))
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
         acc = nosync = False
@@ -1285,6 +1313,7 @@ class _Runner:
 
     def truth(self, expr, frame, split: bool = False, split_parts: bool = False) -> Optional[bool]:
         v = self.ev(expr, frame)
+        self._last_mod = v.mod if isinstance(v, _Unk) else None
         if isinstance(v, bool):
             return v
         if v is None:
@@ -1480,11 +1509,18 @@ class _Runner:
             text = b.text or self.dr.code(right_node)
             if ACCUM_RE.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
                 self.n_candidates.append((b.v if isinstance(b, Num) else None, self.dr.code(right_node)))
+        if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
+            self.divisors.add(self.dr.code(right_node))  # a loss (or a value the run could not type) divided by it
         r = self._binop2(op, a, b, right_node, whole)
         if isinstance(r, Tensor):
             spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
             if spans:
                 r.since = min(spans) if r.since is None else min(min(spans), r.since)
+        elif (op is cst.Modulo and self.n is None and right_node is not None and isinstance(r, _Unk)
+              and not isinstance(a, Tensor) and not (isinstance(b, Num) and b.v is not None and b.v <= 1)):
+            # a period whose value is unknown: if it gates an optimizer step, it is the accumulation factor by
+            # usage, whatever its name (see _if)
+            return _Unk(r.inv, r.text, mod=right_node)
         return r
 
     def _binop2(self, op, a, b, right_node, whole=None):
@@ -1557,6 +1593,7 @@ class _Runner:
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
         if self.n is None and power < 0 and isinstance(v, (Num, _Unk)):
+            self.divisors.add(text)
             # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
             # expression (through arguments and variables) is one; the loop is run again with it
             src = v.text or text
@@ -2204,7 +2241,8 @@ def _tv(v) -> Optional[bool]:
 
 
 def _unk_of(a, b):
-    return UNK
+    m = getattr(a, "mod", None) or getattr(b, "mod", None)
+    return _Unk(mod=m) if m is not None else UNK
 
 
 def _has_call(node) -> bool:
