@@ -413,11 +413,18 @@ def _run_loop(dr: FileDryRun, loop) -> list:
         ns = [(None, "none")]
     traces = []
     if ns == [(None, "none")]:
-        probe = _Runner(dr, loop, None, "", {}, window)
-        try:
-            probe.run()
-        except (_Split, _Abort, RecursionError):
-            pass
+        cfg: dict = {}
+        for _ in range(MAX_SPLITS + 1):
+            probe = _Runner(dr, loop, None, "", cfg, window)
+            try:
+                probe.run()
+            except _Split as sp:
+                if not probe.n_candidates and len(cfg) < MAX_SPLITS:
+                    cfg = {**cfg, sp.key: True}  # look for N in one configuration, then run them all with it
+                    continue
+            except (_Abort, RecursionError):
+                pass
+            break
         if probe.n_candidates:
             v, text = probe.n_candidates[0]
             n_text = text
@@ -1264,7 +1271,37 @@ class _Runner:
             v = vals.pop()
             if v is not None:
                 return Num(v)
+        elif len(vals) == 2 and None in vals and name.startswith("self.") and self._advances_on_condition(name):
+            # ``self.global_step = 0`` in ``__init__`` and ``= state["global_step"]`` when resuming: a fresh run
+            # and a resumed one are two configurations (the resumed start stays unknown)
+            v = next(x for x in vals if x is not None)
+            key = f"!when `{name}` starts at {v}, not resumed from a checkpoint"
+            if key in self.config:
+                return Num(v) if self.config[key] else None
+            if len(self.config) < MAX_SPLITS:
+                raise _Split(key)
         return None
+
+    def _advances_on_condition(self, name: str) -> bool:
+        """The loop advances the counter only when something holds (``self.global_step += int(stepped)``, or
+        ``+= 1`` under an ``if``): whether it starts at its literal value (a fresh run) or a resumed one then
+        decides every later gate, so the two are run as configurations."""
+        if self._outermost is None:
+            return False
+        inside = self.dr.inside(self._outermost)
+        idx = self.dr.ctx.index
+        for node, _func in self.t.aug_assigns.get(name, []):
+            if id(node) not in inside:
+                continue
+            v = node.value
+            if isinstance(v, cst.Call) and call_name(v) == "int":
+                return True
+            for p in idx.ancestors(node):
+                if p is self._outermost:
+                    break
+                if type(p) is cst.If:
+                    return True
+        return False
 
     # ------------------------------------------------------------------ expressions
     def _int(self, v) -> Optional[int]:
@@ -1626,6 +1663,16 @@ class _Runner:
                 fn = self._closure(clo, frame)
                 if fn is not None:
                     self._inline(fn, [], {}, frame, None)
+                elif isinstance(clo, cst.Call) and (call_name(clo) or "").split(".")[-1] == "partial" and clo.args \
+                        and clo.args[0].keyword is None and not clo.args[0].star:
+                    # ``optimizer.step(partial(self.training_step, model=model, batch=batch))``: the closure is
+                    # the bound function, run by the step before it updates
+                    bound = cst.Call(func=clo.args[0].value, args=list(clo.args[1:]))
+                    fn = self._callee(bound, frame)
+                    if fn is not None and frame.depth < 4:
+                        argv = [self.ev(a.value, frame) for a in bound.args]
+                        args, kws = self._args(bound, frame, argv)
+                        self._inline(fn, args, kws, frame, bound)
             eff, why = self._prepared_effect(recv)
             self.emit("step", call, opt=recv or "", effective=eff, why=why, confident=conf)
             return UNK
@@ -1705,6 +1752,8 @@ class _Runner:
                     return Num(None)
                 if nm == "int" and argv and isinstance(argv[0], Num):
                     return argv[0]
+                if nm == "int" and argv and isinstance(argv[0], bool):
+                    return Num(int(argv[0]))
                 if nm in ("min", "max") and argv and all(isinstance(a, Num) and a.v is not None for a in argv):
                     vals = [a.v for a in argv]
                     return Num(min(vals) if nm == "min" else max(vals))
@@ -1837,7 +1886,8 @@ class _Runner:
         cls = self.f.class_of(fn) or frame.cls
         new = _Frame(fn, cls, frame.depth + 1)
         params = list(fn.params.params)
-        if cls is not None and params and params[0].name.value in ("self", "cls") and isinstance(call.func, cst.Attribute):
+        if cls is not None and params and params[0].name.value in ("self", "cls") and call is not None and \
+                isinstance(call.func, cst.Attribute):
             params = params[1:]
         for p, v in zip(params, args):
             new.locals[p.name.value] = v
