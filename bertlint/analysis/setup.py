@@ -1305,8 +1305,16 @@ class _Builder:
                     info.dtype_node = e
                     if info.dtype is None:
                         info.dtype = "unknown"
-            if kwarg(call, "load_in_8bit") is not None or kwarg(call, "load_in_4bit") is not None or kwarg(call, "quantization_config") is not None:
-                info.kbit = True
+            for kw in ("load_in_8bit", "load_in_4bit", "quantization_config"):
+                e = kwarg(call, kw)
+                if e is None or (isinstance(e, cst.Name) and e.value in ("False", "None")):
+                    continue  # ``load_in_8bit=False`` loads a plain model
+                try:
+                    off = self.r.value(e, func) is False
+                except Exception:
+                    off = False
+                if not off:
+                    info.kbit = True  # set, or not known to be off
             return True
         fam, head = split_class(last)
         if fam is not None or self._is_transformers_class(call.func):
