@@ -2172,6 +2172,13 @@ def _ddp_fact(dr) -> Optional[tuple]:
         if len(outer) == 1 and len({ch[-1][1] for ch in chains}) == 2:
             return (True, "", "wrap")
         return (True, chains[0][0][2], "wrap")
+    # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
+    if dr.roles is not None:
+        for _scope, _path, r in dr.roles.all("ddp_model"):
+            q = r.qualname or ""
+            if r.confident and q.endswith("DistributedDataParallel") and "FullySharded" not in q and \
+                    r.evidence and r.evidence[0].kind == "annotation":
+                return (True, f"`{_path}` is annotated as one", "annotation")
     # a model prepared by accelerate is DDP when the script is launched with more than one process (and no DeepSpeed
     # / FSDP plugin): how many, the file does not say — only the configuration's ``world-size`` does (unknown stays
     # unknown: no finding without it)
