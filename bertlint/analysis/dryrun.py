@@ -583,33 +583,36 @@ def _counter_methods(dr, taken: set) -> list:
     for lp in f:
         called.update(id(c) for c in lp.callees)
     stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
-    for cname, meths in f.c.class_methods.items():
-        cls = f.t.classes.get(cname)
-        for mname, fn in meths.items():
-            if id(fn) in taken or id(fn) in called or id(fn) in stepping or mname.startswith("__"):
-                continue
-            counters = set()
-            for n in _walk(fn.body):
-                if type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign:
-                    d = dotted(n.target)
-                    if d is not None and d.startswith("self.") and d.count(".") == 1:
-                        counters.add(d)
-            if not counters:
-                continue
-            gated = False
-            for n in _walk(fn.body):
-                if type(n) in (cst.If, cst.Assign):
-                    part = n.test if type(n) is cst.If else n.value
-                    if type(part) in (cst.Comparison, cst.BooleanOperation) or type(n) is cst.If:
-                        names = set(_names(part))
-                        if names & counters:
-                            gated = True
-                            break
-            if not gated:
-                continue
-            if not f._has_backward(fn.body, cls, 0, set()) or not _steps_somewhere(dr, fn, cls):
-                continue
-            out.append(ManualStep(dr, fn, cls, "method"))
+    cands: dict = {}  # the methods that advance a ``self.x += ...`` counter (from the symbol table: no walk)
+    for name, sites in f.t.aug_assigns.items():
+        if not name.startswith("self.") or name.count(".") != 1:
+            continue
+        for node, fn in sites:
+            if fn is not None and type(node.operator) is cst.AddAssign:
+                cands.setdefault(id(fn), (fn, set()))[1].add(name)
+    if not cands:
+        return out
+    with_bw = {id(func) for _, func in f.t.backward_calls if func is not None}
+    for fn, counters in cands.values():
+        cls = f.class_of(fn)
+        if cls is None or fn.name.value.startswith("__") or id(fn) not in with_bw:
+            continue  # the backward in the method itself (the symbol table's list of backward calls)
+        if id(fn) in taken or id(fn) in called or id(fn) in stepping:
+            continue
+        gated = False
+        for n in _walk(fn.body):
+            if type(n) in (cst.If, cst.Assign):
+                part = n.test if type(n) is cst.If else n.value
+                if type(part) in (cst.Comparison, cst.BooleanOperation) or type(n) is cst.If:
+                    names = set(_names(part))
+                    if names & counters:
+                        gated = True
+                        break
+        if not gated:
+            continue
+        if not _steps_somewhere(dr, fn, cls):
+            continue
+        out.append(ManualStep(dr, fn, cls, "method"))
     return out
 
 
@@ -1098,8 +1101,8 @@ class _Runner:
             stored1 = self.store_logs.pop()
             arm1 = (dict(frame.locals), dict(self.shared), stored1)
             self.store_logs.append(set())
-            _restore(frame.locals, before_l)
-            _restore(self.shared, before_s)
+            _restore(frame.locals, before_l, stored1)
+            _restore(self.shared, before_s, stored1)
             if stmt.orelse is not None:
                 if isinstance(stmt.orelse, cst.If):
                     self._if(stmt.orelse, frame, chain, level)
@@ -2303,13 +2306,13 @@ def _merge(now: dict, before: dict, stored: set) -> None:
 _MISSING = object()
 
 
-def _restore(now: dict, before: dict) -> None:
-    """Back to the state before an undecided ``if`` (first reads made by the arm are kept: they are not stores)."""
-    for k in list(now):
-        if k in before:
-            now[k] = before[k]
-    for k, v in before.items():
-        now.setdefault(k, v)
+def _restore(now: dict, before: dict, stored: set) -> None:
+    """Back to the state before an undecided ``if``: what the arm stored is undone (first reads made by the arm are
+    kept: they are not stores)."""
+    now.update(before)
+    for k in stored:
+        if k not in before:
+            now.pop(k, None)
 
 
 def _same(a, b) -> bool:
