@@ -2044,12 +2044,17 @@ def _ddp_fact(dr) -> Optional[tuple]:
             return (True, "", "wrap")
         return (True, chains[0][0][2], "wrap")
     # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
-    if dr.roles is not None:
-        for _scope, _path, r in dr.roles.all("ddp_model"):
-            q = r.qualname or ""
-            if r.confident and q.endswith("DistributedDataParallel") and "FullySharded" not in q and \
-                    r.evidence and r.evidence[0].kind == "annotation":
-                return (True, f"`{_path}` is annotated as one", "annotation")
+    t = dr.f.t
+    for d in t.defs:
+        if not isinstance(d, cst.FunctionDef):
+            continue
+        for p in list(d.params.params) + list(d.params.kwonly_params):
+            ann = p.annotation.annotation if p.annotation is not None else None
+            if ann is None or isinstance(ann, cst.SimpleString):
+                continue
+            q = t.qualname(ann) or ""
+            if q.endswith("DistributedDataParallel") and "FullySharded" not in q and q.split(".")[0] in ("torch",):
+                return (True, f"`{p.name.value}` is annotated as one", "annotation")
     # a model prepared by accelerate is DDP when the script is launched with more than one process (and no DeepSpeed
     # / FSDP plugin): how many, the file does not say — only the configuration's ``world-size`` does (unknown stays
     # unknown: no finding without it)
