@@ -7,7 +7,8 @@ estimate by category with its assumptions, and the linter's findings. Text or ``
 
 The memory estimate is first-order arithmetic; a precise estimator can be plugged in with
 :func:`register_memory_estimator` (a callable ``(setup, seq_len, world_size, versions) -> dict | None`` returning the
-same keys as :func:`first_order_memory`).
+same keys as :func:`first_order_memory`; one that takes a ``ctx`` keyword also gets the file's context, so it reads the
+same set-up model ``bertlint memory`` reads).
 
 Nothing here imports torch or transformers.
 """
@@ -33,6 +34,28 @@ def register_memory_estimator(fn: Optional[Callable]) -> None:
     """Plug a memory estimator in (``None`` restores the first-order one)."""
     global _MEMORY_ESTIMATOR
     _MEMORY_ESTIMATOR = fn
+
+
+def _takes_ctx(fn: Callable) -> bool:
+    import inspect
+
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "ctx" or p.kind is p.VAR_KEYWORD for p in ps)
+
+
+def _estimate(ctx, s, sl, world, versions) -> Optional[dict]:
+    """The plugged estimator's memory for set-up ``s`` (given the file's context when it takes one), or None."""
+    if _MEMORY_ESTIMATOR is None:
+        return None
+    try:
+        if _takes_ctx(_MEMORY_ESTIMATOR):
+            return _MEMORY_ESTIMATOR(s, sl, world, versions, ctx=ctx)
+        return _MEMORY_ESTIMATOR(s, sl, world, versions)
+    except Exception:  # noqa: BLE001 - explain keeps its first-order arithmetic
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -480,7 +503,13 @@ def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_
         d["effective_batch"] = {"value": None, "formula": None}
     pseudo = _LoopSetup(d["framework"], lp.node, model, b, n, ck)
     sl, sl_src = _seq_len(ctx, pseudo, seq_len_arg)
-    mem = dict(first_order_memory(pseudo, sl, world, versions))
+    mem = _estimate(ctx, pseudo, sl, world, versions)
+    if mem is None:
+        mem = dict(first_order_memory(pseudo, sl, world, versions))
+        mem.setdefault("method", "first-order")
+    else:
+        mem = dict(mem)
+        mem.setdefault("method", "simulated")
     mem["seq_len"], mem["seq_len_source"] = sl, sl_src
     d["memory"] = mem
     try:
@@ -612,12 +641,7 @@ def _explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len_
     d["checkpointing"] = checkpointing_info(s, versions)
     d["loss_division"] = who_divides(s, versions, fs)
     sl, sl_src = _seq_len(ctx, s, seq_len_arg)
-    mem = None
-    if _MEMORY_ESTIMATOR is not None:
-        try:
-            mem = _MEMORY_ESTIMATOR(s, sl, world, versions)
-        except Exception:
-            mem = None
+    mem = _estimate(ctx, s, sl, world, versions)
     if mem is None:
         mem = dict(first_order_memory(s, sl, world, versions))
         mem.setdefault("method", "first-order")

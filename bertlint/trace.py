@@ -229,6 +229,7 @@ class Trace:
     epochs: int = 1
     complete: bool = True  # the producer understood every relevant statement
     ddp: Optional[bool] = None  # the model is wrapped in DistributedDataParallel (None: not known)
+    ddp_when: str = ""  # the condition of that wrapping ("when `args.distributed`"; "": unconditional)
     sync_control: bool = False  # the loop turns gradient sync off somewhere (no_sync, require_backward_grad_sync)
     line: int = 0  # the loop's line
     notes: list = field(default_factory=list)
@@ -826,16 +827,22 @@ def scaler_calls_per_step(trace: Trace) -> list:
     ``unscale_`` per optimizer per update, and no scaled backward added to gradients already unscaled."""
     out = []
     stepped = False
-    unscaled: dict = {}
+    unscaled: dict = {}  # optimizers unscaled since the last update (for "unscale_ twice")
+    pending: dict = {}  # ... and not stepped since: their gradients are unscaled and still to be used
     for e in trace.events:
         if not e.certain:
             if e.kind in ("step", "unscale"):
                 stepped = True  # it may have run: no claim that nothing stepped
+                pending.pop(e.opt, None)
             if e.kind == "update":
-                stepped, unscaled = False, {}
+                stepped, unscaled, pending = False, {}, {}
             continue
         if e.kind == "step" and e.via == "scaler":
             stepped = True
+            # the step consumed this optimizer's unscaled gradients; a later scaled backward (another optimizer's
+            # loss reaching these parameters, as in a GAN's generator pass) lands on gradients that the next
+            # zero_grad clears before this optimizer uses them again
+            pending.pop(e.opt, None)
         elif e.kind == "unscale":
             if unscaled.get(e.opt) is not None:
                 first = unscaled[e.opt]
@@ -844,6 +851,7 @@ def scaler_calls_per_step(trace: Trace) -> list:
                 out.append(Violation("BL202", first, msg, {"error": "unscale twice"}))
             else:
                 unscaled[e.opt] = e
+                pending[e.opt] = e
             stepped = True
         elif e.kind == "update":
             if not stepped:
@@ -851,13 +859,13 @@ def scaler_calls_per_step(trace: Trace) -> list:
                        f"AssertionError: No inf checks were recorded prior to update.")
                 out.append(Violation("BL202", e, msg, {"error": "no inf checks"}))
             stepped = False
-            unscaled = {}
-        elif e.kind == "backward" and e.scaled and unscaled:
-            first = next(iter(unscaled.values()))
+            unscaled, pending = {}, {}
+        elif e.kind == "backward" and e.scaled and pending:
+            first = next(iter(pending.values()))
             msg = (f"micro-batch {first.mb + 1}: `{first.name}`, then micro-batch {e.mb + 1}'s scaled backward adds "
                    f"gradients × the loss scale to unscaled ones before the step")
             out.append(Violation("BL202", first, msg, {"error": "mixed scaled"}))
-            unscaled = {}
+            unscaled, pending = {}, {}
     return _first_unique(out)
 
 
@@ -913,10 +921,40 @@ def ddp_sync(trace: Trace) -> list:
                    f"`{steps[0].name}` only when `{steps[0].cond_text}` → up to {trace.n_text} all-reduces per "
                    f"update instead of 1")
             out.append(Violation("BL114", bws[0], msg, {"kind": "no-no_sync"}))
+    if not out and trace.ddp and not trace.sync_control and not wins and trace.n and trace.n > 1:
+        out.extend(_ddp_cleared_windows(trace))
     return _first_unique(out)
 
 
-# The invariants run by the linter on each trace; ``epoch_tail`` is part of BL107 (``partial_window``).
+def _ddp_cleared_windows(trace: Trace) -> list:
+    """The step may or may not run (``if step != config.steps``), but the optimizer's ``zero_grad`` runs for
+    certain: between two of them, k ≥ 2 backwards with sync on and the step (if any) after the last → k
+    all-reduces for that update."""
+    zeros = [e for e in trace.of("zero_grad") if e.of == "optimizer" and e.certain and e.effective is True]
+    steps = trace.of("step")
+    if len(zeros) < 2 or not steps:
+        return []
+    idx = [trace.events.index(z) for z in zeros]
+    for a, b in zip(idx, idx[1:]):
+        seg = trace.events[a + 1:b]
+        bws = [e for e in seg if e.kind == "backward"]
+        if len(bws) < 2 or not all(e.certain for e in bws):
+            continue
+        if any(e.fwd_no_sync is True or e.in_no_sync for e in bws):
+            return []
+        last = seg.index(bws[-1])
+        if any(e.kind == "step" for e in seg[:last]) or not any(e.kind == "step" for e in seg[last:]):
+            continue
+        st = next(e for e in seg[last:] if e.kind == "step")
+        k = len(bws)
+        gate = f" (when `{st.cond_text}`)" if not st.certain and st.cond_text else ""
+        msg = (f"micro-batches {bws[0].mb + 1}–{bws[-1].mb + 1}: backward ×{k} with gradient sync on between two "
+               f"`{zeros[0].name}`, then `{st.name}`{gate} → {k} all-reduces per update instead of 1")
+        return [Violation("BL114", bws[0], msg, {"kind": "no-no_sync", "allreduces": k})]
+    return []
+
+
+# ``epoch_tail`` is part of BL107 (``partial_window``); kept under its own name for ``explain`` and the verifier.
 EXTRA_INVARIANTS: dict = {"BL107-tail": epoch_tail}
 
 INVARIANTS: dict = {

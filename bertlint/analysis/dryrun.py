@@ -124,9 +124,10 @@ _RELEVANT = frozenset({
     "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
     "unscale_", "update", "scale", "no_sync", "no_backward_sync", "accumulate", "div_", "mul_",
 })
+_SYNC_ATTRS = frozenset({"no_sync", "no_backward_sync", "require_backward_grad_sync"})
 _PURE = frozenset({"len", "isinstance", "hasattr", "getattr", "int", "str", "bool", "float", "callable", "type"})
 _BUILTINS_NUM = {"len", "int", "min", "max", "abs", "round", "sum"}
-_NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data"}
+_NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data", "shape", "dtype", "device", "ndim"}
 _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "numpy", "math",
                "tqdm", "datasets", "evaluate", "peft", "diffusers", "timm", "bitsandbytes", "sklearn", "functools",
                "apex", "fairscale", "einops", "random", "os", "sys", "time", "logging", "wandb", "collections")
@@ -204,6 +205,35 @@ class FileDryRun:
             except RecursionError:
                 self.runs.append(LoopRun(loop, [], self))
 
+    @property
+    def sync_refs(self) -> bool:
+        """The file turns gradient sync off somewhere (``model.no_sync`` called or held in a variable,
+        ``require_backward_grad_sync`` set): a configuration that does not may still be one where the model is not
+        wrapped, so no run claims that the loop never turns sync off."""
+        v = self.__dict__.get("_sync_refs")
+        if v is None:
+            try:
+                v = any(a.attr.value in _SYNC_ATTRS for a in self.ctx.index.of(cst.Attribute))
+            except Exception:
+                v = "require_backward_grad_sync" in self.ctx.source or "no_sync" in self.ctx.source
+            self._sync_refs = v
+        return v
+
+    @property
+    def ddp_fact(self) -> Optional[tuple]:
+        """Whether the file's model runs under DistributedDataParallel, and when: ``(True, "")`` wrapped
+        unconditionally, ``(True, "when `args.distributed`")`` wrapped under a condition,
+        ``(True, "when launched with more than one process ...")`` prepared by accelerate; None: not shown."""
+        if "_ddp_fact" not in self.__dict__:
+            try:
+                self._ddp_fact = _ddp_fact(self)
+            except Exception:
+                self._ddp_fact = None
+        return self._ddp_fact
+
+    def t_assignments(self, name: str, func) -> list:
+        return self.f.t.assignments_of(name, func) or []
+
     def assigned_in(self, fn) -> frozenset:
         """The names ``fn`` assigns, computed once per function of the file (every inline of a helper asks)."""
         memo = self.__dict__.setdefault("_assigned_memo", {})
@@ -250,11 +280,23 @@ class FileDryRun:
                         v = True
                 elif tp is cst.BinaryOperation and type(n.operator) is cst.Divide:
                     v = True
+                elif tp is cst.Attribute and n.attr.value in _SYNC_ATTRS:
+                    v = True  # a gradient-sync context chosen in a variable, DDP's sync flag set by hand
                 elif tp is cst.AugAssign and type(n.operator) is cst.DivideAssign:
                     v = True
                 if v:
                     break
             self._rel[k] = v
+        return v
+
+    def sync_branch(self, stmt) -> bool:
+        """Does the ``if`` choose DDP's gradient sync (``maybe_no_sync = model.no_sync``,
+        ``model.require_backward_grad_sync = ...``)? Only such conditions are split operand by operand
+        (``isinstance(model, FSDP) and ii != N - 1``: the configuration, then the micro-batch)."""
+        k = ("sync", id(stmt))
+        v = self._rel.get(k)
+        if v is None:
+            v = self._rel[k] = any(type(n) is cst.Attribute and n.attr.value in _SYNC_ATTRS for n in _walk(stmt))
         return v
 
     def pure_calls(self, expr) -> bool:
@@ -531,6 +573,7 @@ class _Runner:
         self.loop_names = loop.assigned or set()
         self.local_defs = dr.local_defs(loop.func)
         self.acc_n = self._accelerator_n()
+        self.cfg_exprs: dict = {}  # configuration key -> the condition expression it was read from
 
     # ------------------------------------------------------------------ facts
     def _accelerator_n(self):
@@ -580,8 +623,23 @@ class _Runner:
         # any gradient-sync control anywhere in the file (another configuration may use it): no claim that the
         # loop never turns sync off
         self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
-            self.f.no_sync_used or "require_backward_grad_sync" in self.dr.ctx.source
-        self.trace.ddp = True if (self.f.ddp_calls or self.f.ddp_wrapped) else None
+            self.f.no_sync_used or self.dr.sync_refs
+        fact = self.dr.ddp_fact
+        self.trace.ddp = True if (fact is not None or self.f.ddp_wrapped) else None
+        self.trace.ddp_when = fact[1] if fact is not None else ""
+        if fact is not None and fact[2] == "launch" and self.acc_used:
+            self.trace.ddp, self.trace.ddp_when = None, ""  # accumulate() owns the sync of the prepared model
+        ran_off = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events)
+        if not ran_off and self.trace.sync_control:
+            gate = self._fsdp_only_gate()
+            if gate is not None:
+                # the file turns sync off only for an FSDP model (``if isinstance(model, FSDP) and ...``); this
+                # configuration is the other one, where a DistributedDataParallel model (the file imports it)
+                # all-reduces on every micro-batch
+                self.trace.sync_control = False
+                self.trace.ddp = True
+                self.trace.ddp_when = (f"when the model is a `DistributedDataParallel` (the file imports it, and "
+                                       f"turns sync off only when `{gate}`)")
         self.trace.owner = self._owner()
         return self.trace
 
@@ -612,6 +670,25 @@ class _Runner:
                     continue
                 if self._stmt(stmt, frame, None, 0) is not None:
                     return
+
+    def _fsdp_only_gate(self) -> Optional[str]:
+        """The configuration condition ``isinstance(x, FSDP)`` this run took as false, when the file imports
+        torch's DistributedDataParallel (so the model may be one) and the test names no DDP class."""
+        imps = self.t.imports.values()
+        if not any(q.endswith("DistributedDataParallel") and "FullySharded" not in q for q in imps):
+            return None
+        for key, val in self.config.items():
+            expr = self.cfg_exprs.get(key)
+            if val is not False or not isinstance(expr, cst.Call) or call_name(expr) != "isinstance":
+                continue
+            cls = positional(expr, 1)
+            if cls is None:
+                continue
+            elems = [e.value for e in cls.elements] if isinstance(cls, cst.Tuple) else [cls]
+            qs = [self.t.qualname(e) or "" for e in elems]
+            if qs and all(q.endswith("FullyShardedDataParallel") for q in qs):
+                return key
+        return None
 
     def _owner(self) -> str:
         """Who owns accumulation in this run (a configuration may take the DeepSpeed arm or the plain one)."""
@@ -868,7 +945,8 @@ class _Runner:
         return None
 
     def _if(self, stmt, frame, chain, level) -> Optional[str]:
-        c = self.truth(stmt.test, frame, split=self.dr.relevant_branch(stmt, self.f))
+        rel = self.dr.relevant_branch(stmt, self.f)
+        c = self.truth(stmt.test, frame, split=rel, split_parts=rel and self.dr.sync_branch(stmt))
         line = 0
         if c is True:
             self.conds.append((line, stmt.test))
@@ -1168,7 +1246,7 @@ class _Runner:
             return int(v)
         return None
 
-    def truth(self, expr, frame, split: bool = False) -> Optional[bool]:
+    def truth(self, expr, frame, split: bool = False, split_parts: bool = False) -> Optional[bool]:
         v = self.ev(expr, frame)
         if isinstance(v, bool):
             return v
@@ -1179,10 +1257,36 @@ class _Runner:
                 return v.v != 0
         if split and self._invariant_expr(expr):
             return self._config(expr, frame)
+        if split_parts and type(expr) is cst.BooleanOperation:
+            return self._bool_split(expr, frame)
         return None
+
+    def _bool_split(self, expr, frame) -> Optional[bool]:
+        """``isinstance(model, FSDP) and ii != N - 1``: an operand that does not change inside the loop selects a
+        configuration (the run splits on it), the one that does is evaluated on each micro-batch; three-valued
+        ``and`` / ``or`` (None: undecided)."""
+        is_and = isinstance(expr.operator, cst.And)
+        a = self._part_truth(expr.left, frame)
+        if a is (not is_and):
+            return a
+        b = self._part_truth(expr.right, frame)
+        if b is (not is_and):
+            return b
+        if a is None or b is None:
+            return None
+        return is_and
+
+    def _part_truth(self, e, frame) -> Optional[bool]:
+        if type(e) is cst.BooleanOperation:
+            return self._bool_split(e, frame)
+        t = _tv(self.ev(e, frame))
+        if t is None and self._invariant_expr(e):
+            return self._config(e, frame)
+        return t
 
     def _config(self, expr, frame) -> Optional[bool]:
         key, pol = _cond_key(expr)
+        self.cfg_exprs[key] = expr
         if key in self.config:
             return self.config[key] == pol
         if len(self.config) >= MAX_SPLITS:
@@ -1356,7 +1460,7 @@ class _Runner:
             if op is cst.Multiply:
                 t, o = (a, b) if isinstance(a, Tensor) else (b, a)
                 if isinstance(o, Tensor):
-                    return Tensor(None, True)
+                    return Tensor(None, True, self._fwd_node(a, b))
                 rn = right_node if t is a else (whole.left if whole is not None else None)
                 return Tensor(_times(t.scale, self._factor(o, rn, 1, whole)), t.graph, t.node)
             if op in (cst.Add, cst.Subtract):
@@ -1399,6 +1503,13 @@ class _Runner:
         if isinstance(b, _Unk) and b.inv and isinstance(a, Num) and a.v is not None:
             return _Unk(True, b.text)
         return UNK
+
+    def _fwd_node(self, a: "Tensor", b: "Tensor"):
+        """Of two graphs combined, the one whose forward the run recorded (DDP decides sync at that forward)."""
+        for x in (a, b):
+            if x.node is not None and id(x.node) in self.fwd_ns:
+                return x.node
+        return a.node if a.node is not None else b.node
 
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
@@ -1524,7 +1635,10 @@ class _Runner:
         # same-file functions and methods: inlined
         fn = self._callee(call, frame)
         if fn is not None:
-            if frame.depth < 4 and f.relevant(fn, f.class_of(fn) or frame.cls):
+            if frame.depth < 4 and (f.relevant(fn, f.class_of(fn) or frame.cls) or
+                                    any(isinstance(a, DictVal) for a in argv)):
+                # (a helper handed a dict the run follows may fill it: ``forward_step(model, batch, loss_dict)``
+                # stores the loss, and where its forward ran, for the backward of another helper)
                 args, kws = self._args(call, frame, argv)
                 return self._inline(fn, args, kws, frame, call)
             return Tensor(T.Scale(), True, call)
@@ -1752,6 +1866,98 @@ class _Runner:
         ev.meta["conds"] = [c for _, c in self.conds]
         ev.meta["in_accumulate"] = bool(self.in_acc)
         self.trace.events.append(ev)
+
+
+_MODEL_ROLES = ("model", "ddp_model", "lightning_module")
+
+
+def _ddp_fact(dr) -> Optional[tuple]:
+    """(True, when, how) for the file's DistributedDataParallel wrapping (see ``FileDryRun.ddp_fact``)."""
+    calls = list(dr.f.ddp_calls)
+    if calls:
+        chains = []
+        for c in calls:
+            ch = _wrap_conditions(dr, c)
+            if not ch:
+                return (True, "", "wrap")
+            chains.append(ch)
+        # the innermost condition every wrapping is under (``if dist is not None:`` around ``if nccl: DDP(m, ids)
+        # else: DDP(m)``); the two arms of one ``if`` between them: unconditional; else the first one's
+        keys = [{(k, side) for k, side, _ in ch} for ch in chains]
+        for k, side, text in chains[0]:
+            if all((k, side) in ks for ks in keys[1:]):
+                return (True, text, "wrap")
+        outer = {ch[-1][0] for ch in chains}
+        if len(outer) == 1 and len({ch[-1][1] for ch in chains}) == 2:
+            return (True, "", "wrap")
+        return (True, chains[0][0][2], "wrap")
+    # a model prepared by accelerate is DDP when the script is launched with more than one process (and no DeepSpeed
+    # / FSDP plugin): how many, the file does not say — only the configuration's ``world-size`` does (unknown stays
+    # unknown: no finding without it)
+    ws = getattr(dr.ctx.settings, "world_size", None)
+    if isinstance(ws, int) and ws > 1 and not _accelerate_plugin(dr) and _prepared_model(dr):
+        return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
+                      f"`world-size`", "launch")
+    return None
+
+
+def _accelerate_plugin(dr) -> bool:
+    """The file reads or configures accelerate's DeepSpeed / FSDP plugin (the prepared model may then be a
+    DeepSpeed engine or FSDP module, which own their sync)."""
+    if dr.f.accelerator_deepspeed is not None:
+        return True
+    names = {"deepspeed_plugin", "fsdp_plugin", "DEEPSPEED", "FSDP"}
+    return any(a.attr.value in names for a in dr.ctx.index.of(cst.Attribute)) or any(
+        n.value in ("DeepSpeedPlugin", "FullyShardedDataParallelPlugin") for n in dr.ctx.index.of(cst.Name))
+
+
+def _wrap_conditions(dr, call) -> list:
+    """The conditions of the function a wrapping runs under, innermost first: ``(id(if), in body, "when
+    `args.distributed`")``; [] when unconditional (``if __name__ == "__main__"`` is no condition)."""
+    out = []
+    child = call
+    for p in dr.ctx.index.ancestors(call):
+        tp = type(p)
+        if tp in (cst.FunctionDef, cst.Module, cst.ClassDef, cst.Lambda):
+            break
+        if (tp is cst.If or tp is cst.IfExp) and child is not p.test:
+            text = _norm(dr.code(p.test))
+            if "__name__" not in text:
+                body = child is p.body
+                out.append((id(p), body, f"when `{text}`" if body else f"when `{text}` is false"))
+        child = p
+    return out
+
+
+def _prepared_model(dr) -> bool:
+    """An ``accelerator.prepare(...)`` / ``prepare_model(...)`` of this file receives a model (by role, through
+    ``*components`` lists built in the same function)."""
+    roles = dr.roles
+    if roles is None:
+        return False
+    for call in dr.ctx.index.of(cst.Call):
+        fn = call.func
+        if not isinstance(fn, cst.Attribute) or fn.attr.value not in ("prepare", "prepare_model"):
+            continue
+        func = next((a for a in dr.ctx.index.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+        recv = dotted(fn.value)
+        if recv is None or dr.role(recv, func)[0] != "accelerator":
+            continue
+        for a in call.args:
+            elems = [a.value]
+            if a.star and isinstance(a.value, cst.Name):
+                elems = []
+                for asg in dr.t_assignments(a.value.value, func):
+                    if isinstance(asg.value, (cst.List, cst.Tuple)):
+                        elems.extend(e.value for e in asg.value.elements)
+            for e in elems:
+                try:
+                    r = roles.of(e, func)
+                except Exception:
+                    r = None
+                if r is not None and r.confident and r.role in _MODEL_ROLES:
+                    return True
+    return False
 
 
 def _fp16(r) -> bool:

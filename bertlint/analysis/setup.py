@@ -956,12 +956,20 @@ class _Builder:
                         if isinstance(k, str):
                             ta.explicit[k] = Setting(v, f"**{code_of(a.value)}", a)
                 else:
-                    items = self._fact_items(a.value, site.func)
+                    items = self._fact_items(a.value, site.func, partial=True)
                     if items is None:
                         ta.open_ended = True
                     else:
+                        if "**" in items:  # `{**other, "k": v}`: the keys it names are read, the rest is unknown
+                            ta.open_ended = True
                         for k, f in items.items():
-                            ta.explicit[k] = Setting(f.value, f"**{code_of(a.value)}", a)
+                            if k == "**":
+                                continue
+                            # the key's own expression when it is in this file (rules read what it is made of)
+                            node = f.node if isinstance(f.node, cst.BaseExpression) and \
+                                self.ctx.index.parent(f.node) is not None else a
+                            ta.explicit[k] = Setting(f.value, f"**{code_of(a.value)} key {k!r} ({f.source})"
+                                                     if f.kind != "literal" else f"**{code_of(a.value)}", node)
             elif a.star == "*":
                 ta.open_ended = True
         return ta
@@ -977,8 +985,9 @@ class _Builder:
         except Exception:
             return None
 
-    def _fact_items(self, expr, func):
-        """Per-key facts of a ``**dict`` argument; None when not readable (or a key is not statically known)."""
+    def _fact_items(self, expr, func, partial: bool = False):
+        """Per-key facts of a ``**dict`` argument; None when not readable (or a key is not statically known). With
+        ``partial``, a dict that also spreads something unreadable gives its readable keys plus a ``"**"`` entry."""
         ck = getattr(self.r, "call_kwargs", None)
         if ck is None:
             return None
@@ -986,7 +995,7 @@ class _Builder:
             items = ck(cst.Call(func=cst.Name("f"), args=[cst.Arg(value=expr, star="**")]), func)
         except Exception:
             return None
-        if "**" in items:
+        if "**" in items and not (partial and len(items) > 1):
             return None
         return items
 
