@@ -550,19 +550,30 @@ def window_weights(trace: Trace) -> list:
     wins = trace.window_structure()
     if not wins or trace.n is None or trace.n <= 1:
         return []
+    opts = trace.optimizers()
+    if len(opts) > 1:
+        # several optimizers stepped on the same micro-batches (a GAN's generator and discriminator, each stepped
+        # every N): each optimizer's own windows, over the backwards no other optimizer's step claimed
+        groups = [(w, [b for b in w.backwards if not _claimed(trace, b, opt)]) for opt in opts
+                  for w in trace.windows(opt)]
+    else:
+        groups = [(w, w.backwards) for w in wins]
     out = []
-    for w in wins:
-        bws = [b for b in w.backwards if b.certain]
+    for w, cand in groups:
+        bws = [b for b in cand if b.certain]
         if any(not b.certain for b in w.backwards) or any(e.kind == "rescale" for e in w.events):
             continue
-        if len(bws) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
+        mbs = {b.mb for b in bws}
+        if len(mbs) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
             continue
         if all(all(f.kind != CONST or f.value == 1 for f in b.scale.factors) for b in bws):
-            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × {bws[0].scale.text(trace.n)} each (nothing divides by "
+            k = len(mbs)
+            count = f"backward ×{len(bws)}" + (f" over {k} micro-batches" if len(bws) != k else "")
+            msg = (f"{w.mbs}: {count} with loss × {bws[0].scale.text(trace.n)} each (nothing divides by "
                    f"{trace.n_text}), `{w.step.name}` after the "
-                   f"{ordinal(len(bws))} → the update is the sum of {len(bws)} micro-batch gradients, "
-                   f"{len(bws)}× the window's mean")
-            out.append(Violation("BL103", bws[0], msg, {"sum": len(bws)}))
+                   f"{ordinal(k)} → the update is the sum of {k} micro-batch gradients, "
+                   f"{k}× the window's mean")
+            out.append(Violation("BL103", bws[-1] if len(opts) > 1 else bws[0], msg, {"sum": k}))
     return _first_unique(out)
 
 

@@ -315,6 +315,22 @@ class FileDryRun:
             v = self._roles[k] = _role(self.f, recv, self.roles, func)
         return v
 
+    def item_role(self, node, func) -> tuple:
+        """(kind, confident) of a subscripted receiver by roles from usage (None when unknown)."""
+        k = ("item", id(node), id(func))
+        v = self._roles.get(k)
+        if v is None:
+            v = (None, False)
+            if self.roles is not None:
+                try:
+                    kind, conf = self.roles.legacy_kind(node, func)
+                except Exception:
+                    kind, conf = None, False
+                if kind in ("optimizer", "scheduler", "scaler"):
+                    v = (kind, conf)
+            self._roles[k] = v
+        return v
+
     def names_calls(self, expr) -> tuple:
         k = id(expr)
         v = self._nc.get(k)
@@ -385,7 +401,8 @@ def _backward_style(f, call: cst.Call) -> Optional[str]:
 
 def _run_loop(dr: FileDryRun, loop) -> list:
     f = dr.f
-    acc = _window_factor(dr, loop) or loop.accum()
+    window = _callee_window(dr, loop)
+    acc = _window_factor(dr, loop, window) or loop.accum()
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -395,7 +412,7 @@ def _run_loop(dr: FileDryRun, loop) -> list:
         ns = [(None, "none")]
     traces = []
     if ns == [(None, "none")]:
-        probe = _Runner(dr, loop, None, "", {})
+        probe = _Runner(dr, loop, None, "", {}, window)
         try:
             probe.run()
         except (_Split, _Abort, RecursionError):
@@ -411,7 +428,7 @@ def _run_loop(dr: FileDryRun, loop) -> list:
         done = 0
         while pending and done < 2 ** MAX_SPLITS:
             cfg = pending.pop(0)
-            r = _Runner(dr, loop, n, n_text, cfg)
+            r = _Runner(dr, loop, n, n_text, cfg, window)
             try:
                 tr = r.run()
             except _Split as s:
@@ -496,9 +513,10 @@ def _compares(dr, loop, n_text: str) -> bool:
     return False
 
 
-def _window_factor(dr, loop):
-    """``for micro in range(N)`` / ``range(1, N + 1)`` inside the step loop: N is the window's length."""
-    w = loop.window_of
+def _window_factor(dr, loop, window=None):
+    """``for micro in range(N)`` / ``range(1, N + 1)`` inside the step loop: N is the window's length;
+    ``range(0, B, m)`` (a batch split into chunks of ``m``): N is the number of chunks, ``ceil(B / m)``."""
+    w = loop.window_of if loop.window_of is not None else window
     if not isinstance(w, cst.For) or not isinstance(w.iter, cst.Call) or call_name(w.iter) != "range":
         return None
     args = [a.value for a in w.iter.args if a.keyword is None]
@@ -508,9 +526,36 @@ def _window_factor(dr, loop):
     elif len(args) == 2 and literal(args[0]) == 1 and isinstance(args[1], cst.BinaryOperation) and \
             isinstance(args[1].operator, cst.Add) and literal(args[1].right) == 1:
         expr = args[1].left
+    elif len(args) == 3 and literal(args[0]) == 0:
+        from bertlint.analysis.loops import AccumFactor
+
+        func = window_func = None
+        for lp in dr.f:
+            if lp.node is w:
+                window_func = lp.func
+        func = window_func or loop.func
+        b, m = dr.f.int_value(args[1], func), dr.f.int_value(args[2], func)
+        value = -(-b // m) if b is not None and m else None
+        return AccumFactor(f"math.ceil({dr.code(args[1])} / {dr.code(args[2])})", value, "window")
     if expr is None:
         return None
     return dr.f.factor(expr, "window", loop.func)
+
+
+def _callee_window(dr, loop):
+    """The micro-batch loop of a step loop that lives in a helper it calls (``run_step()`` ->
+    ``forward_backward()``: ``for i in range(0, batch.shape[0], self.microbatch): ... loss.backward()``, then the
+    step back in the caller): the one training loop of a same-file callee that runs backwards and never steps, while
+    the caller steps. None when the caller has its own window loop or there is not exactly one such loop."""
+    if loop.window_of is not None or isinstance(loop, ManualStep) or not loop.callees:
+        return None
+    if not loop.of("opt_step", "scaler_step"):
+        return None
+    ids = {id(fn) for fn in loop.callees}
+    found = [lp for lp in dr.f if lp is not loop and lp.func is not None and id(lp.func) in ids and not lp.outer
+             and lp.window_of is None and isinstance(lp.node, cst.For) and lp.backwards
+             and not lp.of("opt_step", "scaler_step", "engine_step")]
+    return found[0].node if len(found) == 1 else None
 
 
 class _Frame:
@@ -525,7 +570,7 @@ class _Frame:
 
 
 class _Runner:
-    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict) -> None:
+    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict, window=None) -> None:
         self.dr = dr
         self.f = dr.f
         self.t = dr.f.t
@@ -533,7 +578,7 @@ class _Runner:
         self.n = n
         self.n_text = n_text
         self.config = config
-        self.micro = loop.window_of if loop.window_of is not None else loop.node
+        self.micro = loop.window_of if loop.window_of is not None else (window if window is not None else loop.node)
         self.length = (2 * n + 2) if n and n > 1 else 4
         self.trace = T.Trace(n=n, n_text=n_text or "N", config=dict(config), owner=loop.owner,
                              epoch_len=None, line=0)
@@ -574,6 +619,7 @@ class _Runner:
         self.local_defs = dr.local_defs(loop.func)
         self.acc_n = self._accelerator_n()
         self.cfg_exprs: dict = {}  # configuration key -> the condition expression it was read from
+        self.n_ncall = bool(n_text) and ".get(" in n_text  # N spelled as a dict lookup call
 
     # ------------------------------------------------------------------ facts
     def _accelerator_n(self):
@@ -787,8 +833,6 @@ class _Runner:
                 return "return"
             if self.mb >= 4 * self.length + 8:
                 break
-        if is_micro and chain[0] is node:
-            pass
         return None
 
     def _iter_values(self, node, frame, count: int, is_micro: bool) -> Optional[list]:
@@ -821,9 +865,14 @@ class _Runner:
                 s = ints[2] if len(ints) > 2 else 1
             else:
                 return [None] * count
+            window = is_micro and node is not self.loop.node
+            if window and self.n and (b is None or s in (None, 0)):
+                count = self.n  # a window loop of unknown bounds runs N times (N: its own iteration count)
             if a is None:
                 return [("idx", None)] * count
             if b is None or s in (None, 0):
+                if s is None and len(ints) > 2:
+                    return [("idx", a if k == 0 else None) for k in range(count)]
                 return [("idx", a + k * (s or 1)) for k in range(count)]
             vals = list(range(a, b, s))[:count if not is_micro or node is not self.loop.window_of else 64]
             return [("idx", v) for v in vals]
@@ -964,8 +1013,9 @@ class _Runner:
                 return self._block(_body(stmt.orelse.body), frame, chain, level)
             finally:
                 self.conds.pop()
-        # undecidable and varying: both arms, uncertain; their terminators are assumed not taken, and a value
-        # either arm changes is unknown afterwards (unless both leave the same loss scale)
+        # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
+        # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
+        # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
         if self.in_micro and not self.trace.undecided_skip and _skips(stmt):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         saved = self.certain
@@ -973,8 +1023,14 @@ class _Runner:
         self.conds.append((line, stmt.test))
         before_l, before_s = dict(frame.locals), dict(self.shared)
         self.store_logs.append(set())
+        arm1 = None
         try:
             self._block(_body(stmt.body), frame, chain, level)
+            stored1 = self.store_logs.pop()
+            arm1 = (dict(frame.locals), dict(self.shared), stored1)
+            self.store_logs.append(set())
+            _restore(frame.locals, before_l)
+            _restore(self.shared, before_s)
             if stmt.orelse is not None:
                 if isinstance(stmt.orelse, cst.If):
                     self._if(stmt.orelse, frame, chain, level)
@@ -984,10 +1040,15 @@ class _Runner:
             self.certain = saved
             self.conds.pop()
             stored = self.store_logs.pop()
+            if arm1 is not None:
+                _merge_arms(frame.locals, before_l, arm1[0], arm1[2], stored)
+                _merge_arms(self.shared, before_s, arm1[1], arm1[2], stored)
+                stored = stored | arm1[2]
+            else:
+                _merge(frame.locals, before_l, stored)
+                _merge(self.shared, before_s, stored)
             if self.store_logs:
                 self.store_logs[-1] |= stored
-            _merge(frame.locals, before_l, stored)
-            _merge(self.shared, before_s, stored)
         return None
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
@@ -1108,8 +1169,10 @@ class _Runner:
         shared with the helpers it is handed to)."""
         out = DictVal()
         for el in d.elements:
-            if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString):
-                out.slots[el.key.value[1:-1]] = self.ev(el.value, frame)
+            if isinstance(el, cst.DictElement):
+                v = self.ev(el.value, frame)
+                if isinstance(el.key, cst.SimpleString):
+                    out.slots[el.key.value[1:-1]] = v
         return out
 
     def _assign(self, target, v, frame) -> None:
@@ -1418,10 +1481,7 @@ class _Runner:
         if tp in (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString):
             return UNK
         if tp is cst.Dict:
-            for el in e.elements:
-                if isinstance(el, cst.DictElement):
-                    self.ev(el.value, frame)
-            return UNK
+            return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
@@ -1460,7 +1520,16 @@ class _Runner:
             if op is cst.Multiply:
                 t, o = (a, b) if isinstance(a, Tensor) else (b, a)
                 if isinstance(o, Tensor):
-                    return Tensor(None, True, self._fwd_node(a, b))
+                    # a product of two tensors (``losses["loss"] * weights``, ``logp * mask``): the factors of both
+                    # survive (a ``1/N`` in either stays a ``1/N``); the other tensor is a weight of unknown value,
+                    # independent of N when nothing N-dependent went into it
+                    if t.scale is None or o.scale is None:
+                        return Tensor(None, True, self._fwd_node(a, b))
+                    other = right_node if t is a else (whole.left if whole is not None else None)
+                    txt = self.dr.code(other) if other is not None else "a tensor"
+                    kind = T.WEIGHT if o.scale.n_free else T.OTHER
+                    sc = T.Scale(t.scale.factors + o.scale.factors).times(T.Factor(kind, txt))
+                    return Tensor(sc, t.graph or o.graph, self._fwd_node(a, b))
                 rn = right_node if t is a else (whole.left if whole is not None else None)
                 return Tensor(_times(t.scale, self._factor(o, rn, 1, whole)), t.graph, t.node)
             if op in (cst.Add, cst.Subtract):
@@ -1552,10 +1621,17 @@ class _Runner:
         recv = dotted(recv_node) if recv_node is not None else None
         name = call_name(call) or ""
         q = self.t.qualname(func) or ""
+        if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
+            return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
+        if recv is None and type(recv_node) is cst.Subscript:
+            # ``self.optimizer[name].step()``: an item of a container the file fills with optimizers
+            rkind, conf = self.dr.item_role(recv_node, frame.func)
+            if rkind is not None:
+                recv = self.dr.code(recv_node)
         # arguments first (calls inside them run first)
         argv = []
         if attr not in ("step",) or rkind not in ("optimizer", "ds_optimizer"):
@@ -1625,7 +1701,8 @@ class _Runner:
         if attr in ("no_sync", "no_backward_sync"):
             self.sync_control = True
             return _CtxFn("no_sync", self.dr.code(call))
-        if attr in ("div_", "mul_") and recv is not None and ".grad" in recv:
+        if attr in ("div_", "mul_") and recv_node is not None and (
+                ".grad" in (recv if recv is not None else self.dr.code(recv_node))):
             self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
             return UNK
         if isinstance(func, cst.Name):
@@ -1666,6 +1743,7 @@ class _Runner:
                 return UNK
             imp = self.t.imports.get(nm)
             if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS:
+                self._unknown_grad_helper(call, frame)
                 # a function from another module of the project: it may scale the loss itself, but only by what it
                 # is given — handed no accumulation factor (nor a config object that may hold one), its result
                 # does not depend on N
@@ -1688,6 +1766,7 @@ class _Runner:
                 head = recv.split(".")[0]
                 imp = self.t.imports.get(head)
                 if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS and head == recv:
+                    self._unknown_grad_helper(call, frame)
                     return Tensor(T.Scale((T.Factor(T.OTHER, f"{recv}.{attr}()"),)), True, call)
             if attr in ("item", "detach", "tolist", "numpy", "cpu", "get", "items", "keys", "values", "append",
                         "format", "join", "split", "log", "info", "warning", "write", "add_scalar", "update",
@@ -1698,6 +1777,43 @@ class _Runner:
             return self._fresh(call)
         return UNK
 
+    def _ds_config_n(self, scale, frame) -> Optional[str]:
+        """The text of a user ``/ N`` whose N is read from the DeepSpeed config the Accelerator runs with
+        (``args.ga = accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"]``): the
+        engine divides by that same value. None otherwise."""
+        for fac in scale.by(T.ACCUM_USER):
+            if fac.power >= 0 or not fac.text:
+                continue
+            name = fac.text.strip()
+            assigns = self.t.assignments.get(name, []) if "." in name else (
+                self.t.assignments_of(name, frame.func) or [])
+            for a in assigns:
+                txt = self.dr.code(a.value)
+                if "gradient_accumulation_steps" in txt and ("deepspeed_config" in txt or "deepspeed_plugin" in txt):
+                    return name
+        return None
+
+    def _unknown_grad_helper(self, call, frame) -> None:
+        """A function of another package or module of the project handed the model or its parameters
+        (``training.scale_grads(model, 1 / num_tokens)``) may rescale the gradients: the trace records a rescale of
+        unknown value (the window's loss weights then prove nothing)."""
+        for a in call.args:
+            v = a.value
+            if isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                    v.func.attr.value in ("parameters", "named_parameters"):
+                hit = True
+            else:
+                d = dotted(v)
+                hit = False
+                if d is not None and self.roles is not None:
+                    try:
+                        hit = self.roles.role(d, frame.func) in ("model", "ddp_model", "deepspeed_engine")
+                    except Exception:
+                        hit = False
+            if hit:
+                self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
+                return
+
     def _fresh(self, call) -> Tensor:
         """The output of a call the trace does not model (a forward, a criterion): a loss of scale 1; whether
         gradient sync was off when it ran is remembered (DDP decides at forward time)."""
@@ -1707,7 +1823,8 @@ class _Runner:
             ns = None
         else:
             ns = not self.grad_sync
-        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain)
+        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain,
+                                 self.site if self.depth else None)
         if self.no_grad:
             return Tensor(T.Scale(), False, call, None)  # made under no_grad(): no graph
         return Tensor(T.Scale(), True, call, self.mb)
@@ -1808,7 +1925,13 @@ class _Runner:
         scale = v.scale if isinstance(v, Tensor) else None
         if scale is not None and style == "accelerator":
             an = self.acc_n
-            if an is None:
+            ds = self._ds_config_n(scale, frame)
+            if ds is not None:
+                # under a DeepSpeed launch accelerator.backward() is the engine's backward, which divides by the
+                # DeepSpeed config's gradient_accumulation_steps — the value the script divided by
+                scale = _times(scale, T.Factor(T.ACCUM_FRAMEWORK, ds, power=-1,
+                                               who="accelerator.backward() under DeepSpeed (the engine)"))
+            elif an is None:
                 scale = _times(scale, T.Factor(T.OTHER, "accelerator's gradient_accumulation_steps"))
             elif an[0] is None:
                 scale = _times(scale, T.Factor(T.OTHER, an[1]))
@@ -1834,14 +1957,19 @@ class _Runner:
             # a backward outside the micro-batch loop (the non-accumulating arm of ``if N > 1: ... else: ...``):
             # each one is a micro-batch of its own
             self.mb += 1
-        fns, where, fwd_certain = self.fwd_ns.get(id(v.node), (None, None, False)) \
-            if isinstance(v, Tensor) and v.node is not None else (None, None, False)
+        fns, where, fwd_certain, fwd_site = self.fwd_ns.get(id(v.node), (None, None, False, None)) \
+            if isinstance(v, Tensor) and v.node is not None else (None, None, False, None)
         since = v.since if isinstance(v, Tensor) and v.graph else None
         if not self.in_micro and since is not None and since == self.mb - 1:
             since = self.mb  # the forward ran in this iteration, before the backward opened its micro-batch
         self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
         self.trace.events[-1].meta["fwd_ctx"] = where
         self.trace.events[-1].meta["fwd_certain"] = fwd_certain  # the forward ran whatever the undecided conditions
+        if frame.depth and frame.func is not None:
+            # the helper holding the backward also runs the forward of its loss (``_training_iteration``), or was
+            # handed a loss made by its caller (``backward(loss, scaler)``)
+            self.trace.events[-1].meta["fwd_here"] = isinstance(v, Tensor) and v.node is not None and (
+                id(v.node) in self.dr.inside(frame.func) or (fwd_site is not None and fwd_site is self.site))
         return UNK
 
     # ------------------------------------------------------------------ events
@@ -2034,6 +2162,54 @@ def _merge(now: dict, before: dict, stored: set) -> None:
 
 
 _MISSING = object()
+
+
+def _restore(now: dict, before: dict) -> None:
+    """Back to the state before an undecided ``if`` (first reads made by the arm are kept: they are not stores)."""
+    for k in list(now):
+        if k in before:
+            now[k] = before[k]
+    for k, v in before.items():
+        now.setdefault(k, v)
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        return a.scale is not None and a.scale == b.scale and a.graph == b.graph
+    if isinstance(a, Num) and isinstance(b, Num):
+        return a.v is not None and a.v == b.v and a.is_n == b.is_n
+    if isinstance(a, bool) and isinstance(b, bool):
+        return a == b
+    return False
+
+
+def _merge_arms(now: dict, before: dict, arm1: dict, stored1: set, stored2: set) -> None:
+    """After an undecided ``if``: ``now`` holds the second arm's state. A name either arm stored keeps its value
+    when both paths leave the same (an arm that did not store it leaves the value from before)."""
+    for k in stored1 | stored2:
+        if k in stored2:
+            v2 = now.get(k, _MISSING)
+        else:
+            v2 = before.get(k, _MISSING)
+        if k in stored1:
+            v1 = arm1.get(k, _MISSING)
+        else:
+            v1 = before.get(k, _MISSING)
+        if v1 is _MISSING and v2 is _MISSING:
+            continue
+        if _same(v1, v2):
+            if isinstance(v1, Tensor) and v1 is not v2:
+                # the same scale from two different computations: which forward made it is not known
+                v2 = Tensor(v2.scale, v2.graph, v1.node if v1.node is v2.node else None,
+                            v1.since if v1.since == v2.since else None)
+            now[k] = v2
+            continue
+        if isinstance(v1, DictVal) and v1 is v2:
+            now[k] = v1
+            continue
+        now[k] = Tensor(None, True) if isinstance(v1, Tensor) or isinstance(v2, Tensor) else UNK
 
 
 def _loader_texts(ld, dr) -> set:

@@ -46,5 +46,7 @@ def check(ctx) -> None:
                    f"({_ga.fw(ctx, 'torch')}: DDP all-reduces in every backward whose forward ran with sync on). "
                    f"Wrap the forward and backward of all but the window's last micro-batch in "
                    f"`with {ctx_fn}:`.")
-            # a backward inside a helper (``backward(loss, scaler)``) is reported at the loop's call of it
-            _ga.treport(ctx, run, tr, e.meta.get("site") or e.node, msg)
+            # where the forward and the backward meet: the backward, or the loop's call of a helper that was handed
+            # the loss (``backward(loss, scaler)``)
+            node = e.meta.get("site") if e.meta.get("depth") and not e.meta.get("fwd_here") else None
+            _ga.treport(ctx, run, tr, node or e.node, msg)
