@@ -311,8 +311,9 @@ class Trace:
         """``when `args.fp16` is set and `config.CLIP` is not`` — the configuration a finding needs."""
         if not self.config:
             return ""
-        parts = [f"`{k}` is {'set' if v else 'not set'}" if not k.startswith("(") else f"{k} is {v}"
-                 for k, v in self.config.items()]
+        parts = [(k[6:] if v else f"not {k[6:]}") if k.startswith("!when ") else
+                 f"`{k}` is {'set' if v else 'not set'}" if not k.startswith("(") else f"{k} is {v}"
+                 for k, v in self.config.items()]  # "!when ...": a configuration the producer words itself
         return "when " + " and ".join(parts)
 
     def timeline(self, limit: int = 12) -> list:
@@ -724,6 +725,17 @@ def window_length(trace: Trace) -> list:
         msg = (f"micro-batches 1–{trace.micro_batches}: `{s.name}` runs {len(steps)}× but never takes effect "
                f"({s.why or 'no-op'}) → no update in {trace.epochs} epochs; the gradients keep growing")
         return [Violation("BL108", s, msg, {"kind": "never", "at": "cond"})]
+    # the step stops for good: backwards go on for more than two windows and into the next epoch, none reaches a
+    # step (a gate on a counter that only advances when the gate fires: ``global_step % N == 0`` with
+    # ``global_step += int(stepped)`` holds once, then never again)
+    last = eff[-1]
+    after = [b for b in trace.events[trace.events.index(last) + 1:] if b.kind == "backward"]
+    if len(after) >= 2 * n and any(b.epoch > last.epoch for b in after) and len(eff) * n < len(bws):
+        msg = (f"`{last.name}` takes effect on micro-batch {last.mb + 1}, then never again: micro-batches "
+               f"{after[0].mb + 1}–{after[-1].mb + 1} (backward ×{len(after)}, into epoch {after[-1].epoch + 1}) "
+               f"reach no step → {len(eff)} update{'s' if len(eff) > 1 else ''} for {len(bws)} micro-batches "
+               f"instead of one per `{trace.n_text}`; the gradients keep growing")
+        return [Violation("BL108", last, msg, {"kind": "stops", "at": "call"})]
     syncs = [e for e in trace.of("counter") if e.target == "sync" and e.value is True]
     for sy in syncs:
         # accelerate synchronised this micro-batch (its gradients are final), but nothing stepped on it

@@ -53,11 +53,12 @@ BUDGET = 60000  # statements + expressions evaluated per run before giving up (t
 
 
 class _Unk:
-    __slots__ = ("inv", "text")
+    __slots__ = ("inv", "text", "mod")
 
-    def __init__(self, inv: bool = False, text: str = "") -> None:
+    def __init__(self, inv: bool = False, text: str = "", mod=None) -> None:
         self.inv = inv  # loop-invariant unknown (a configuration value)
         self.text = text
+        self.mod = mod  # the modulus node when the value comes from ``x % M`` with M unknown (a gate's period)
 
     def __repr__(self) -> str:
         return f"UNK({self.text})"
@@ -412,11 +413,18 @@ def _run_loop(dr: FileDryRun, loop) -> list:
         ns = [(None, "none")]
     traces = []
     if ns == [(None, "none")]:
-        probe = _Runner(dr, loop, None, "", {}, window)
-        try:
-            probe.run()
-        except (_Split, _Abort, RecursionError):
-            pass
+        cfg: dict = {}
+        for _ in range(MAX_SPLITS + 1):
+            probe = _Runner(dr, loop, None, "", cfg, window)
+            try:
+                probe.run()
+            except _Split as sp:
+                if not probe.n_candidates and len(cfg) < MAX_SPLITS:
+                    cfg = {**cfg, sp.key: True}  # look for N in one configuration, then run them all with it
+                    continue
+            except (_Abort, RecursionError):
+                pass
+            break
         if probe.n_candidates:
             v, text = probe.n_candidates[0]
             n_text = text
@@ -597,6 +605,8 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
+        self._last_mod = None
         self.site = None
         self.no_grad = 0
         self.alias_depth = 0
@@ -1018,6 +1028,8 @@ class _Runner:
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
         if self.in_micro and not self.trace.undecided_skip and _skips(stmt):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
+        mod = self._last_mod if self.n is None else None
+        first_ev = len(self.trace.events)
         saved = self.certain
         self.certain = False
         self.conds.append((line, stmt.test))
@@ -1049,7 +1061,30 @@ class _Runner:
                 _merge(self.shared, before_s, stored)
             if self.store_logs:
                 self.store_logs[-1] |= stored
+        if mod is not None:
+            self._period_gate(mod, self.trace.events[first_ev:], frame)
         return None
+
+    def _period_gate(self, mod, arm_events: list, frame) -> None:
+        """Roles from usage: a condition ``x % M ...`` (M unknown, any name) that gates an optimizer step makes M
+        the accumulation factor when the loss is also divided by M, or when it is the loop's only optimizer and no
+        backward runs under the gate (one backward per micro-batch, the step every M-th: a WGAN's generator, whose
+        backward runs with its step under ``i % n_critic == 0``, is not accumulation)."""
+        steps = [e for e in arm_events if e.kind == "step"]
+        if not steps:
+            return
+        text = self.dr.code(mod)
+        if any(t == text for _v, t in self.n_candidates):
+            return
+        divided = text in self.divisors
+        if not divided:
+            if any(e.kind == "backward" for e in arm_events):
+                return
+            opts = {e.opt for e in self.trace.events if e.kind == "step"}
+            if len(opts) != 1 or not any(e.kind == "backward" for e in self.trace.events):
+                return
+        v = self._resolved(mod, frame)
+        self.n_candidates.append((v.v if isinstance(v, Num) and v.v is not None and v.v > 1 else None, text))
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
         acc = nosync = False
@@ -1299,7 +1334,37 @@ class _Runner:
             v = vals.pop()
             if v is not None:
                 return Num(v)
+        elif len(vals) == 2 and None in vals and name.startswith("self.") and self._advances_on_condition(name):
+            # ``self.global_step = 0`` in ``__init__`` and ``= state["global_step"]`` when resuming: a fresh run
+            # and a resumed one are two configurations (the resumed start stays unknown)
+            v = next(x for x in vals if x is not None)
+            key = f"!when `{name}` starts at {v}, not resumed from a checkpoint"
+            if key in self.config:
+                return Num(v) if self.config[key] else None
+            if len(self.config) < MAX_SPLITS:
+                raise _Split(key)
         return None
+
+    def _advances_on_condition(self, name: str) -> bool:
+        """The loop advances the counter only when something holds (``self.global_step += int(stepped)``, or
+        ``+= 1`` under an ``if``): whether it starts at its literal value (a fresh run) or a resumed one then
+        decides every later gate, so the two are run as configurations."""
+        if self._outermost is None:
+            return False
+        inside = self.dr.inside(self._outermost)
+        idx = self.dr.ctx.index
+        for node, _func in self.t.aug_assigns.get(name, []):
+            if id(node) not in inside:
+                continue
+            v = node.value
+            if isinstance(v, cst.Call) and call_name(v) == "int":
+                return True
+            for p in idx.ancestors(node):
+                if p is self._outermost:
+                    break
+                if type(p) is cst.If:
+                    return True
+        return False
 
     # ------------------------------------------------------------------ expressions
     def _int(self, v) -> Optional[int]:
@@ -1311,6 +1376,7 @@ class _Runner:
 
     def truth(self, expr, frame, split: bool = False, split_parts: bool = False) -> Optional[bool]:
         v = self.ev(expr, frame)
+        self._last_mod = v.mod if isinstance(v, _Unk) else None
         if isinstance(v, bool):
             return v
         if v is None:
@@ -1506,11 +1572,18 @@ class _Runner:
             text = b.text or self.dr.code(right_node)
             if ACCUM_RE.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
                 self.n_candidates.append((b.v if isinstance(b, Num) else None, self.dr.code(right_node)))
+        if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
+            self.divisors.add(self.dr.code(right_node))  # a loss (or a value the run could not type) divided by it
         r = self._binop2(op, a, b, right_node, whole)
         if isinstance(r, Tensor):
             spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
             if spans:
                 r.since = min(spans) if r.since is None else min(min(spans), r.since)
+        elif (op is cst.Modulo and self.n is None and right_node is not None and isinstance(r, _Unk)
+              and not isinstance(a, Tensor) and not (isinstance(b, Num) and b.v is not None and b.v <= 1)):
+            # a period whose value is unknown: if it gates an optimizer step, it is the accumulation factor by
+            # usage, whatever its name (see _if)
+            return _Unk(r.inv, r.text, mod=right_node)
         return r
 
     def _binop2(self, op, a, b, right_node, whole=None):
@@ -1583,6 +1656,7 @@ class _Runner:
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
         if self.n is None and power < 0 and isinstance(v, (Num, _Unk)):
+            self.divisors.add(text)
             # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
             # expression (through arguments and variables) is one; the loop is run again with it
             src = v.text or text
@@ -1652,6 +1726,16 @@ class _Runner:
                 fn = self._closure(clo, frame)
                 if fn is not None:
                     self._inline(fn, [], {}, frame, None)
+                elif isinstance(clo, cst.Call) and (call_name(clo) or "").split(".")[-1] == "partial" and clo.args \
+                        and clo.args[0].keyword is None and not clo.args[0].star:
+                    # ``optimizer.step(partial(self.training_step, model=model, batch=batch))``: the closure is
+                    # the bound function, run by the step before it updates
+                    bound = cst.Call(func=clo.args[0].value, args=list(clo.args[1:]))
+                    fn = self._callee(bound, frame)
+                    if fn is not None and frame.depth < 4:
+                        argv = [self.ev(a.value, frame) for a in bound.args]
+                        args, kws = self._args(bound, frame, argv)
+                        self._inline(fn, args, kws, frame, bound)
             eff, why = self._prepared_effect(recv)
             self.emit("step", call, opt=recv or "", effective=eff, why=why, confident=conf)
             return UNK
@@ -1731,6 +1815,8 @@ class _Runner:
                     return Num(None)
                 if nm == "int" and argv and isinstance(argv[0], Num):
                     return argv[0]
+                if nm == "int" and argv and isinstance(argv[0], bool):
+                    return Num(int(argv[0]))
                 if nm in ("min", "max") and argv and all(isinstance(a, Num) and a.v is not None for a in argv):
                     vals = [a.v for a in argv]
                     return Num(min(vals) if nm == "min" else max(vals))
@@ -1863,7 +1949,8 @@ class _Runner:
         cls = self.f.class_of(fn) or frame.cls
         new = _Frame(fn, cls, frame.depth + 1)
         params = list(fn.params.params)
-        if cls is not None and params and params[0].name.value in ("self", "cls") and isinstance(call.func, cst.Attribute):
+        if cls is not None and params and params[0].name.value in ("self", "cls") and call is not None and \
+                isinstance(call.func, cst.Attribute):
             params = params[1:]
         for p, v in zip(params, args):
             new.locals[p.name.value] = v
@@ -2238,7 +2325,8 @@ def _tv(v) -> Optional[bool]:
 
 
 def _unk_of(a, b):
-    return UNK
+    m = getattr(a, "mod", None) or getattr(b, "mod", None)
+    return _Unk(mod=m) if m is not None else UNK
 
 
 def _has_call(node) -> bool:

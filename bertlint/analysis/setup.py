@@ -1069,8 +1069,9 @@ class _Builder:
             elems = classes_of[pvar]
             targets = site.targets
             var = None
-            if len(targets) == len(elems):
-                var = targets[idx] or None
+            remaining = literal(kwarg(site.call, "return_remaining_strings")) is True
+            if len(targets) == len(elems) or (remaining and len(targets) == len(elems) + 1):
+                var = targets[idx] or None  # (return_remaining_strings=True adds the leftover strings last)
             elif len(targets) == 1 and len(elems) == 1:
                 var = targets[0] or None
             cls_expr = elems[idx]
@@ -1148,7 +1149,7 @@ class _Builder:
             if before_row is not None:
                 assigns = [a for a in assigns if a.func is not func or self.col.order.get(id(a.node), -1) < before_row]
             if not assigns:
-                return None
+                return self._model_from_unpack(expr.value, func, depth)
             info = ModelInfo(None, var=expr.value)
             classes = set()
             self._resolving.add(expr.value)
@@ -1197,6 +1198,41 @@ class _Builder:
                 info.class_name = info.family = info.head = info.architecture = info.local_class = None
             return info
         return None
+
+    def _model_from_unpack(self, name: str, func: Any, depth: int) -> Optional[ModelInfo]:
+        """``model, tokenizer = load(args)`` where ``load`` is the one function of this file by that name and every
+        ``return`` of it is a tuple whose element at ``model``'s position is a name: the model that name is in
+        ``load`` (PEFT wrapping, checkpointing and freezing inside it included). None otherwise."""
+        sites = [(names, c) for names, c, f in self.t.unpacks if f is func and name in names]
+        if len(sites) != 1:
+            return None
+        names, call = sites[0]
+        if not isinstance(call.func, cst.Name) or call.func.value in self._resolving:
+            return None
+        defs = self.t.functions.get(call.func.value, [])
+        if len(defs) != 1:
+            return None
+        fn, idx = defs[0], names.index(name)
+        rets = [r for r in self.ctx.index.of(cst.Return)
+                if r.value is not None and next((a for a in self.ctx.index.ancestors(r)
+                                                 if isinstance(a, (cst.FunctionDef, cst.Lambda))), None) is fn]
+        if not rets:
+            return None
+        found = None
+        self._resolving.add(call.func.value)
+        try:
+            for r in rets:
+                v = r.value
+                if not isinstance(v, cst.Tuple) or len(v.elements) != len(names) or \
+                        not isinstance(v.elements[idx].value, cst.Name):
+                    return None
+                info = self.model_from_expr(v.elements[idx].value, fn, depth + 1)
+                if info is None:
+                    return None
+                found = found or info
+        finally:
+            self._resolving.discard(call.func.value)
+        return found
 
     def _model_from_call(self, call: cst.Call, func: Any, depth: int, info: ModelInfo) -> bool:
         """Fold what ``call`` says about the model into ``info``; True if it produced or wrapped a model."""
@@ -1269,8 +1305,16 @@ class _Builder:
                     info.dtype_node = e
                     if info.dtype is None:
                         info.dtype = "unknown"
-            if kwarg(call, "load_in_8bit") is not None or kwarg(call, "load_in_4bit") is not None or kwarg(call, "quantization_config") is not None:
-                info.kbit = True
+            for kw in ("load_in_8bit", "load_in_4bit", "quantization_config"):
+                e = kwarg(call, kw)
+                if e is None or (isinstance(e, cst.Name) and e.value in ("False", "None")):
+                    continue  # ``load_in_8bit=False`` loads a plain model
+                try:
+                    off = self.r.value(e, func) is False
+                except Exception:
+                    off = False
+                if not off:
+                    info.kbit = True  # set, or not known to be off
             return True
         fam, head = split_class(last)
         if fam is not None or self._is_transformers_class(call.func):

@@ -77,11 +77,13 @@ def check(ctx) -> None:
 
 
 def _prep_without_checkpointing(call) -> bool:
-    """``prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)``: no input-grad hook then."""
+    """``prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)``: no input-grad hook then. A value
+    not known statically (``use_gradient_checkpointing=args.gradient_checkpointing``, usually the very flag that turns
+    checkpointing on) is not taken for False: the hook is installed whenever it is true."""
     from bertlint.analysis.symbols import kwarg, literal
 
     e = kwarg(call, "use_gradient_checkpointing")
-    return e is not None and literal(e) is not True
+    return e is not None and literal(e) is False
 
 
 def _written_for_4x(ctx):
