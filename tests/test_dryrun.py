@@ -226,3 +226,49 @@ def test_conditional_wrapping_names_its_condition_and_unknown_process_count_stay
     right = every.replace("with accelerator.no_sync(model):",
                           "with accelerator.no_sync(model) if (i + 1) % 4 != 0 else nullcontext():")
     assert _lint("from contextlib import nullcontext\n" + textwrap.dedent(right), world_size=2) == []
+
+
+def test_step_gate_on_a_counter_advanced_by_the_gate_stops_firing():
+    # Fabric's build-your-own-trainer class: `global_step % N == 0` where global_step += int(stepped); the closure
+    # handed to optimizer.step(partial(...)) runs the training step (its backward) before the update
+    src = """
+    from functools import partial
+    import torch
+    class Trainer:
+        def __init__(self, model, n):
+            self.model, self.n, self.global_step = model, n, 0
+            self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def load(self, state):
+            self.global_step = state["global_step"]
+        def training_step(self, batch):
+            loss = self.model(batch).mean()
+            loss.backward()
+            return loss
+        def fit(self, loader):
+            for epoch in range(3):
+                for batch_idx, batch in enumerate(loader):
+                    should_step = self.global_step % self.n == 0
+                    if should_step:
+                        self.opt.step(partial(self.training_step, batch=batch))
+                        self.opt.zero_grad()
+                    else:
+                        self.training_step(batch)
+                    self.global_step += int(should_step)
+    """
+    (run,) = runs(src)
+    fresh = next(t for t in run.traces if any(k.startswith("!when `self.global_step` starts at 0") and v
+                                              for k, v in t.config.items()))
+    assert len(fresh.effective_steps()) == 1 and len(fresh.of("backward")) == fresh.micro_batches
+    assert fresh.of("backward")[0].mb == fresh.of("step")[0].mb == 0  # the closure's backward, then the step
+    (v, tr), = run.violations("BL108")
+    assert v.data["kind"] == "stops" and "starts at 0, not resumed" in tr.config_text()
+    resumed = [t for t in run.traces if t is not fresh and t.n == fresh.n]
+    assert resumed and all(_check(t, "BL108") == [] for t in resumed)  # a resumed start stays unknown
+    good = src.replace("self.global_step % self.n == 0", "(batch_idx + 1) % self.n == 0")
+    assert all(r.violations("BL108") == [] for r in runs(good))
+
+
+def _check(tr, code):
+    from bertlint import trace as T
+
+    return T.check(tr, code)

@@ -273,7 +273,7 @@ def _loops(ctx) -> None:
         accum = _accum_names(ctx, lp, acc)
         seen = set()
         for c in counters:
-            for node, other in _uses(lp.node, c.name):
+            for node, other in _uses(ctx, lp.node, c.name):
                 o = code_of(other).strip()
                 if (c.name, o) in seen:
                     continue  # one report per counter and length (the warmup test and its division)
@@ -290,30 +290,31 @@ def _loops(ctx) -> None:
                 )
 
 
-def _uses(loop_node, name: str):
-    """(node, other side) for ``name <op> X`` comparisons and ``name / X`` divisions in the loop body."""
+def _uses(ctx, loop_node, name: str):
+    """(node, other side) for ``name <op> X`` comparisons and ``name / X`` / ``a * name / X`` divisions in the loop
+    body (from the shared node index: no walk of its own)."""
     out = []
+    idx = ctx.index
+    order = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
 
-    class V(cst.CSTVisitor):
-        def visit_Comparison(self, node):
-            if len(node.comparisons) != 1:
-                return
-            op = node.comparisons[0].operator
-            if not isinstance(op, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)):
-                return
-            left, right = node.left, node.comparisons[0].comparator
-            if isinstance(left, cst.Name) and left.value == name:
-                out.append((node, right))
-            elif isinstance(right, cst.Name) and right.value == name:
-                out.append((node, left))
+    def is_name(e) -> bool:
+        return isinstance(e, cst.Name) and e.value == name
 
-        def visit_BinaryOperation(self, node):
-            if isinstance(node.operator, cst.Divide) and isinstance(node.left, cst.Name) and node.left.value == name:
-                out.append((node, node.right))
-            elif isinstance(node.operator, cst.Divide) and isinstance(node.left, cst.BinaryOperation) and \
-                    isinstance(node.left.operator, cst.Multiply) and name in (
-                    getattr(node.left.left, "value", None), getattr(node.left.right, "value", None)):
-                out.append((node, node.right))  # lr * step / warmup
-
-    loop_node.body.visit(V())
-    return [(n, o) for n, o in out if isinstance(o, (cst.Name, cst.Attribute, cst.BinaryOperation, cst.Call))]
+    for node in idx.of(cst.Comparison):
+        if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, order):
+            continue
+        left, right = node.left, node.comparisons[0].comparator
+        if is_name(left):
+            out.append((node, right))
+        elif is_name(right):
+            out.append((node, left))
+    for node in idx.of(cst.BinaryOperation):
+        if not isinstance(node.operator, cst.Divide):
+            continue
+        lhs = node.left
+        if is_name(lhs) or (isinstance(lhs, cst.BinaryOperation) and isinstance(lhs.operator, cst.Multiply) and
+                            (is_name(lhs.left) or is_name(lhs.right))):
+            out.append((node, node.right))  # step / warmup, lr * step / warmup
+    body = loop_node.body
+    inside = [(n, o) for n, o in out if any(a is body for a in idx.ancestors(n))]
+    return [(n, o) for n, o in inside if isinstance(o, (cst.Name, cst.Attribute, cst.BinaryOperation, cst.Call))]
