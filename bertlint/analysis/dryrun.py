@@ -200,6 +200,7 @@ class FileDryRun:
         except Exception:  # roles unavailable: the loop model's receiver table alone
             self.roles = None
         self._inside: dict = {}
+        self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
                 self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
@@ -457,16 +458,25 @@ def _run_loop(dr: FileDryRun, loop) -> list:
 
 
 class ManualStep:
-    """A LightningModule's ``training_step`` under manual optimization (``self.automatic_optimization = False``),
-    seen as the body of Lightning's micro-batch loop (the shape of ``loops.TrainingLoop`` the dry run reads)."""
+    """A function some driver calls once per micro-batch, seen as the body of that driver's micro-batch loop (the
+    shape of ``loops.TrainingLoop`` the dry run reads). ``kind``:
 
-    def __init__(self, dr, func, cls) -> None:
+    - ``"lightning"``: a LightningModule's ``training_step`` under manual optimization
+      (``self.automatic_optimization = False``), called as ``training_step(batch, batch_idx)``;
+    - ``"ignite"``: the process function handed to ignite's ``Engine(update)``, called as ``update(engine, batch)``
+      once per iteration, ``engine.state.iteration`` counting from 1 over the whole run;
+    - ``"method"``: a method that backpropagates, steps and keeps its own micro-batch counter on ``self``
+      (``self.n_accumulated += 1; if self.n_accumulated >= self.accum_iters: step``) and that no loop of the file
+      calls: whoever drives it calls it once per micro-batch (the counter says so)."""
+
+    def __init__(self, dr, func, cls, kind: str = "lightning") -> None:
         self.node = func
         self.func = func
         self.cls = cls
+        self.kind = kind
         self.outer: list = []
         self.window_of = None
-        self.owner = "lightning-manual"
+        self.owner = "lightning-manual" if kind == "lightning" else "plain"
         self.index = None
         self.callees: list = []
         from bertlint.analysis.loops import _assigned_names
@@ -477,12 +487,21 @@ class ManualStep:
     def accum(self):
         """The modulus of the step gate (``(batch_idx + 1) % self.accumulate_grad_batches == 0``)."""
         f = self._dr.f
+        later = []
         for n in _walk(self.func.body):
             if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo:
                 m = n.right
                 if ACCUM_RE.search(self._dr.code(m)):
                     return f.factor(m, "gate", self.func)
-        return None
+            elif self.kind == "method" and type(n) is cst.Comparison and len(n.comparisons) == 1 and \
+                    type(n.comparisons[0].operator) in (cst.GreaterThanEqual, cst.Equal):
+                m = n.comparisons[0].comparator  # ``self.n_accumulated >= self.accum_iters``
+                if ACCUM_RE.search(self._dr.code(m)):
+                    later.append(m)
+            elif self.kind == "method" and type(n) is cst.BinaryOperation and type(n.operator) is cst.Divide:
+                if ACCUM_RE.search(self._dr.code(n.right)):
+                    later.append(n.right)
+        return f.factor(later[0], "gate", self.func) if later else None
 
 
 def _manual_steps(dr) -> list:
@@ -506,6 +525,91 @@ def _manual_steps(dr) -> list:
         if "manual_backward" not in dr.code(meth):
             continue
         out.append(ManualStep(dr, meth, cls))
+    out.extend(_ignite_steps(dr))
+    out.extend(_counter_methods(dr, {id(m.func) for m in out}))
+    return out
+
+
+def _steps_somewhere(dr, fn, cls) -> bool:
+    """``fn`` (or a same-file function it calls) steps an optimizer or a scaler (by the call's shape: the roles
+    decide in the run)."""
+    seen: set = set()
+    stack = [(fn, cls, 0)]
+    while stack:
+        g, c, d = stack.pop()
+        if id(g) in seen or d > 3:
+            continue
+        seen.add(id(g))
+        for n in _walk(g.body):
+            if type(n) is cst.Call:
+                if isinstance(n.func, cst.Attribute) and n.func.attr.value == "step":
+                    return True
+                h = dr.f.callee(n, g, c)
+                if h is not None:
+                    stack.append((h, dr.f.class_of(h) or c, d + 1))
+    return False
+
+
+def _ignite_steps(dr) -> list:
+    """Process functions handed to ignite's ``Engine(fn)`` that backpropagate and step."""
+    out = []
+    f = dr.f
+    for call, name, func in f.t.calls:
+        if name.split(".")[-1] != "Engine" or not (f.t.qualname(call.func) or "").startswith("ignite"):
+            continue
+        a0 = positional(call, 0)
+        if not isinstance(a0, cst.Name):
+            continue
+        fn = dr.local_defs(func).get(a0.value) if func is not None else None
+        if fn is None:
+            defs = f.c.module_funcs.get(a0.value, [])
+            fn = defs[0] if len(defs) == 1 else None
+        if fn is None or len(fn.params.params) < 2:
+            continue
+        if not f._has_backward(fn.body, None, 0, set()) or not _steps_somewhere(dr, fn, None):
+            continue
+        if any(m.func is fn for m in out):
+            continue
+        out.append(ManualStep(dr, fn, None, "ignite"))
+    return out
+
+
+def _counter_methods(dr, taken: set) -> list:
+    """Methods that keep their own micro-batch counter on ``self`` and gate the step on it, called by no loop of
+    this file (see :class:`ManualStep`)."""
+    out = []
+    f = dr.f
+    called = set()
+    for lp in f:
+        called.update(id(c) for c in lp.callees)
+    stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+    for cname, meths in f.c.class_methods.items():
+        cls = f.t.classes.get(cname)
+        for mname, fn in meths.items():
+            if id(fn) in taken or id(fn) in called or id(fn) in stepping or mname.startswith("__"):
+                continue
+            counters = set()
+            for n in _walk(fn.body):
+                if type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign:
+                    d = dotted(n.target)
+                    if d is not None and d.startswith("self.") and d.count(".") == 1:
+                        counters.add(d)
+            if not counters:
+                continue
+            gated = False
+            for n in _walk(fn.body):
+                if type(n) in (cst.If, cst.Assign):
+                    part = n.test if type(n) is cst.If else n.value
+                    if type(part) in (cst.Comparison, cst.BooleanOperation) or type(n) is cst.If:
+                        names = set(_names(part))
+                        if names & counters:
+                            gated = True
+                            break
+            if not gated:
+                continue
+            if not f._has_backward(fn.body, cls, 0, set()) or not _steps_somewhere(dr, fn, cls):
+                continue
+            out.append(ManualStep(dr, fn, cls, "method"))
     return out
 
 
@@ -671,8 +775,11 @@ class _Runner:
                         self._simple_line(stmt, frame, prefix=True)
             if self._exec_loop(outermost, frame, chain, 0) == "return" and not passes:
                 break
+            if passes == 2:
+                self._after_loop(path, frame)
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
+        self.trace.epochs_from = "loop" if passes == 1 else self._reentry(loop)
         # any gradient-sync control anywhere in the file (another configuration may use it): no claim that the
         # loop never turns sync off
         self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
@@ -695,6 +802,34 @@ class _Runner:
                                        f"turns sync off only when `{gate}`)")
         self.trace.owner = self._owner()
         return self.trace
+
+    def _reentry(self, loop) -> str:
+        """No epoch loop around the training loop: ``call`` when its function may be called once per epoch with the
+        same optimizer, ``once`` when the loop runs once per run (module level, or its function builds the optimizer
+        it steps: each call is a training of its own)."""
+        fn = loop.func
+        if fn is None:
+            return "once"
+        opts = {e.opt or e.target for e in self.trace.events if e.kind == "step"}
+        for n in _walk(fn.body):
+            if type(n) is cst.Assign and type(n.value) is cst.Call:
+                for t in n.targets:
+                    if any(nm in opts for nm in _target_names(t.target)):
+                        return "once"
+        return "call"
+
+    def _after_loop(self, path, frame) -> None:
+        """No epoch loop around the training loop (its function is one epoch): the statements after the loop, up to
+        a ``return``, run at the end of each epoch (a flush of the last partial window: ``if (i + 1) % N:
+        optimizer.step()``). Statements holding a loop or a definition are skipped (another loop has its own trace)."""
+        self.trace.after_loop = True
+        for block, idx in reversed(path):
+            for stmt in block[idx + 1:]:
+                if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or any(
+                        isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.Lambda)) for n in _walk(stmt)):
+                    continue
+                if self._stmt(stmt, frame, None, 0) is not None:
+                    return
 
     def _fsdp_only_gate(self) -> Optional[str]:
         """The configuration condition ``isinstance(x, FSDP)`` this run took as false, when the file imports
@@ -739,9 +874,11 @@ class _Runner:
         """Lightning manual optimization: Lightning's own loop calls ``training_step(batch, batch_idx)`` once per
         micro-batch; the body is run with ``batch_idx`` counting from 0 in each epoch."""
         fn = self.loop.func
+        kind = getattr(self.loop, "kind", "lightning")
         self._outermost = fn
         params = [p.name.value for p in fn.params.params]
-        idx_name = params[2] if len(params) > 2 else None
+        idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
+        first = 1 if kind in ("lightning", "method") and params and params[0] in ("self", "cls") else 0
         self.in_micro += 1
         for ep in range(2):
             self.epoch = ep
@@ -749,16 +886,29 @@ class _Runner:
                 self.mb += 1
                 self.last_iter = k == self.length - 1
                 frame = _Frame(fn, self.loop.cls, 0)
-                for nm in params[1:]:
+                for nm in params[first:]:
                     frame.locals[nm] = UNK
                 if idx_name:
                     frame.locals[idx_name] = Num(k)
-                self._block(_body(fn.body), frame)
+                if kind == "ignite" and params:
+                    # ignite's State: iteration counts from 1 over the whole run, epoch from 1
+                    frame.locals[params[0] + ".state.iteration"] = Num(self.mb + 1)
+                    frame.locals[params[0] + ".state.epoch"] = Num(ep + 1)
+                if self._block(_body(fn.body), frame) == "break" and kind != "lightning":
+                    pass
         self.in_micro -= 1
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
-        self.trace.owner = "lightning-manual"
-        self.trace.sync_control = True
+        if kind in ("lightning", "method"):
+            # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
+            # the call: no claim that it never does
+            self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()
+            self.trace.sync_control = True
+        else:
+            self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
+                self.f.no_sync_used or "require_backward_grad_sync" in self.dr.ctx.source
+            self.trace.ddp = True if (self.f.ddp_calls or self.f.ddp_wrapped) else None
+            self.trace.owner = self._owner()
         return self.trace
 
     def tick(self, k: int = 1) -> None:
@@ -795,8 +945,8 @@ class _Runner:
             if is_micro:
                 self.mb += 1
                 self.last_iter = k == len(values) - 1
-            elif level == 0 and k > 0 and node is chain[0] and len(chain) > 1:
-                self.epoch += 1
+            elif k > 0 and len(chain) > 1 and level == len(chain) - 2 and node is chain[level]:
+                self.epoch += 1  # the loop right around the training loop re-enters it: a new epoch
             if isinstance(node, cst.While):
                 c = self.truth(node.test, frame)
                 if c is False:
@@ -816,6 +966,8 @@ class _Runner:
 
     def _iter_values(self, node, frame, count: int, is_micro: bool) -> Optional[list]:
         """Values bound to the loop target per iteration (None: unknown), at most ``count``."""
+        if is_micro:
+            self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
             return [None] * count
         it = _unwrap_iter(node.iter)
@@ -855,6 +1007,33 @@ class _Runner:
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _loader_kind(self, node, frame) -> str:
+        """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
+        known to the dry run), ``range`` (a range of steps: how it relates to an epoch is not known), ``while``."""
+        if not isinstance(node, cst.For):
+            return "while"
+        it = _unwrap_iter(node.iter)
+        if isinstance(it, cst.Call) and call_name(it) == "enumerate":
+            tgt = node.target
+            if isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements and isinstance(tgt.elements[0].value, cst.Name):
+                self.trace.index_text = tgt.elements[0].value.value
+            it = positional(it, 0)
+            it = _unwrap_iter(it) if isinstance(it, cst.Call) else it
+        if isinstance(it, cst.Call) and call_name(it) == "range":
+            args = [a.value for a in it.args if a.keyword is None]
+            if len(args) == 1 and isinstance(args[0], cst.Call) and call_name(args[0]) == "len" and args[0].args:
+                ld = args[0].args[0].value
+                if isinstance(ld, (cst.Name, cst.Attribute)):
+                    self.trace.loader_text = self.dr.code(ld)
+                return "loader"
+            return "range"
+        ld = it
+        while isinstance(ld, cst.Call) and ld.args:
+            ld = ld.args[0].value
+        if isinstance(ld, (cst.Name, cst.Attribute)):
+            self.trace.loader_text = self.dr.code(ld)
+        return "loader"
 
     def _bind(self, target, bind, frame) -> None:
         if bind is None or bind is UNK:
@@ -928,7 +1107,7 @@ class _Runner:
 
     def _inner_loop(self, stmt, frame) -> Optional[str]:
         """A loop that is not the micro-batch loop (over parameters, optimizers, tasks): its body runs once."""
-        if id(stmt) in self.train_nodes:
+        if id(stmt) in self.train_nodes and (not isinstance(self.loop, ManualStep) or id(stmt) in self.dr.stepping):
             # this loop only drives another training loop (``for epoch ...: train_one_epoch()``): that loop has
             # its own trace
             self.trace.complete = False
@@ -966,6 +1145,8 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
+        if self.in_micro and not self.trace.undecided_skip and _skips(stmt):
+            self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
         first_ev = len(self.trace.events)
         saved = self.certain
@@ -1048,6 +1229,16 @@ class _Runner:
                         self.ev(a.value, frame)
                     continue
             v = self.ev(e, frame)
+            if isinstance(e, cst.Call) and item.asname is not None and \
+                    isinstance(positional(e, 0), (cst.Name, cst.Attribute, cst.Subscript)):
+                # a context manager handed the loss yields a loss (apex ``with amp.scale_loss(loss, opt) as
+                # scaled:`` — the loss times the loss scale); another one: its factors times an unknown one
+                a0 = self.ev(positional(e, 0), frame)
+                if isinstance(a0, Tensor) and a0.scale is not None:
+                    nm = (call_name(e) or "").split(".")[-1]
+                    fac = T.Factor(T.SCALER, "apex amp loss scale") if nm == "scale_loss" else \
+                        T.Factor(T.OTHER, self.dr.code(e.func) + "()")
+                    v = Tensor(a0.scale.times(fac), a0.graph, a0.node, a0.since)
             if isinstance(v, _CtxFn) and v.kind == "no_sync":
                 nosync = True
                 self.emit("no_sync", e, target=v.text)
@@ -1096,7 +1287,8 @@ class _Runner:
         self._stmt_node = stmt
         for small in stmt.body:
             tp = type(small)
-            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]):
+            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]) \
+                    and not _zero_grad_call(small):
                 continue
             if tp is cst.Expr:
                 self.ev(small.value, frame)
@@ -2044,12 +2236,17 @@ def _ddp_fact(dr) -> Optional[tuple]:
             return (True, "", "wrap")
         return (True, chains[0][0][2], "wrap")
     # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
-    if dr.roles is not None:
-        for _scope, _path, r in dr.roles.all("ddp_model"):
-            q = r.qualname or ""
-            if r.confident and q.endswith("DistributedDataParallel") and "FullySharded" not in q and \
-                    r.evidence and r.evidence[0].kind == "annotation":
-                return (True, f"`{_path}` is annotated as one", "annotation")
+    t = dr.f.t
+    for d in t.defs:
+        if not isinstance(d, cst.FunctionDef):
+            continue
+        for p in list(d.params.params) + list(d.params.kwonly_params):
+            ann = p.annotation.annotation if p.annotation is not None else None
+            if ann is None or isinstance(ann, cst.SimpleString):
+                continue
+            q = t.qualname(ann) or ""
+            if q.endswith("DistributedDataParallel") and "FullySharded" not in q and q.split(".")[0] in ("torch",):
+                return (True, f"`{p.name.value}` is annotated as one", "annotation")
     # a model prepared by accelerate is DDP when the script is launched with more than one process (and no DeepSpeed
     # / FSDP plugin): how many, the file does not say — only the configuration's ``world-size`` does (unknown stays
     # unknown: no finding without it)
@@ -2130,6 +2327,27 @@ def _scaler_enabled(f) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _skips(stmt) -> bool:
+    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it)."""
+    todo = list(stmt.children)
+    while todo:
+        n = todo.pop()
+        tp = type(n)
+        if tp is cst.Continue or tp is cst.Break:
+            return True
+        if tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        todo.extend(n.children)
+    return False
+
+
+def _zero_grad_call(small) -> bool:
+    """``optimizer.zero_grad()`` / ``model.zero_grad()`` as a statement of its own: run even before the loop (at the
+    start of each epoch when the loop's function is one epoch)."""
+    return type(small) is cst.Expr and type(small.value) is cst.Call and isinstance(small.value.func, cst.Attribute) \
+        and small.value.func.attr.value == "zero_grad"
 
 
 def _unwrap_iter(it):
