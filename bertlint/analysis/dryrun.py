@@ -527,6 +527,36 @@ def _manual_steps(dr) -> list:
         out.append(ManualStep(dr, meth, cls))
     out.extend(_ignite_steps(dr))
     out.extend(_counter_methods(dr, {id(m.func) for m in out}))
+    out.extend(_scaler_step_fns(dr, {id(m.func) for m in out}))
+    return out
+
+
+def _scaler_step_fns(dr, taken: set) -> list:
+    """Functions handed a GradScaler that step through it and clip, with no backward of their own
+    (``Updater.step(self, grad_scaler=None)``: the caller ran ``grad_scaler.scale(loss).backward()`` — the scaler's
+    ``step()`` needs it — and hands the scaler in for the update)."""
+    out = []
+    f = dr.f
+    t = f.t
+    with_bw = {id(func) for _, func in t.backward_calls if func is not None}
+    clips = {id(func) for _, name, func in t.calls
+             if func is not None and name.split(".")[-1] in ("clip_grad_norm_", "clip_grad_value_")}
+    seen = set()
+    for call, name, func in t.calls:
+        if func is None or id(func) in seen or id(func) in taken or id(func) in with_bw or id(func) not in clips:
+            continue
+        parts = name.split(".")
+        if len(parts) != 2 or parts[1] != "step" or positional(call, 0) is None:
+            continue
+        params = {p.name.value: p for p in list(func.params.params) + list(func.params.kwonly_params)}
+        p = params.get(parts[0])
+        if p is None:
+            continue
+        ann = dr.code(p.annotation.annotation) if p.annotation is not None else ""
+        if "GradScaler" not in ann and dr.role(parts[0], func)[0] != "scaler":
+            continue
+        seen.add(id(func))
+        out.append(ManualStep(dr, func, f.class_of(func), "scaler_fn"))
     return out
 
 
@@ -881,7 +911,7 @@ class _Runner:
         self._outermost = fn
         params = [p.name.value for p in fn.params.params]
         idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
-        first = 1 if kind in ("lightning", "method") and params and params[0] in ("self", "cls") else 0
+        first = 1 if kind != "ignite" and params and params[0] in ("self", "cls") else 0
         self.in_micro += 1
         for ep in range(2):
             self.epoch = ep
@@ -893,6 +923,9 @@ class _Runner:
                     frame.locals[nm] = UNK
                 if idx_name:
                     frame.locals[idx_name] = Num(k)
+                if kind == "scaler_fn":
+                    # each call is one update of gradients the caller produced through the scaler it hands in
+                    self.scaled = self.scaler_on
                 if kind == "ignite" and params:
                     # ignite's State: iteration counts from 1 over the whole run, epoch from 1
                     frame.locals[params[0] + ".state.iteration"] = Num(self.mb + 1)
@@ -902,7 +935,7 @@ class _Runner:
         self.in_micro -= 1
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
-        if kind in ("lightning", "method"):
+        if kind in ("lightning", "method", "scaler_fn"):
             # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
             # the call: no claim that it never does
             self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()
