@@ -212,7 +212,8 @@ def test_unscaled_loss_with_accumulation_confirms_bl103_quoting_the_windows():
     st, ev = verify_diagnostic(Run([_loop_record(13, factor=1.0)], None), d("BL103", sev="W"), [])
     assert st == "confirmed"
     assert "observed: micro-batches 1–4: backward ×4 with loss × 1 each" in ev and "4× the window's mean" in ev
-    assert "[13 micro-batches, 3 optimizer steps (after micro-batches 4, 8, 12: windows of 4, 4, 4)]" in ev
+    assert "[13 micro-batches, 3 optimizer steps (after micro-batches 4, 8, 12: windows of 4, 4, 4); loss × 1 at " \
+        "backward (1 observed)]" in ev
     st, ev = verify_diagnostic(Run([_loop_record(13)], None), d("BL103", sev="W"), [])
     assert st == "refuted" and "a window of 4 weighs 1" in ev
 

@@ -264,9 +264,17 @@ class Recorder:
         k = int(self.steps_cfg) if self.steps_cfg else DEFAULT_STEPS
         n = self.accumulation_n()
         low = int(self.cfg.get("min_microbatches") or 0)
-        if n:
+        marks = self.step_marks
+        longer = n and any(b - a > n for a, b in zip([0] + marks, marks))
+        fw = any(isinstance(v, int) and v > 1 for v in (
+            self.trainer.get("gradient_accumulation_steps"), self.ds.get("gas"),
+            self.lightning.get("accumulate_grad_batches"), self.accel.get("gradient_accumulation_steps")))
+        if n and (fw or not longer):
             return max(k * n + 1, low)
-        if len(self.step_marks) >= k:
+        # no N, or the static set-up's N while the run's windows are longer (an argument read at runtime): the run's
+        # own optimizer steps bound it
+        low = max(low, k * n + 1) if n else low
+        if len(marks) >= k:
             return max(self.step_marks[k - 1] + 1, low)
         return HARD_CAP_MICROBATCHES * max(1, (k + 1) // 2)
 
@@ -1007,6 +1015,7 @@ class Recorder:
             r = o_step(self, optimizer, *a, **kw)
             stepped = rec.opt_steps > before
             if not stepped:
+                rec.step_marks.append(rec.mb)  # a skipped update still ends the window (the bound counts it)
                 # inf/NaN gradients: the scaler skipped optimizer.step(); the window still ends here
                 rec.since_step[id(optimizer)] = 0
                 rec.skipped_steps += 1

@@ -399,6 +399,12 @@ def check(record: dict, n: Optional[int], code: str, source_lines=()) -> Optiona
     return T.check(t, code)
 
 
+def violated_text(code: str, t: T.Trace, v) -> str:
+    """The evidence of a violation: the invariant's message, then the run's windows (and loss scale) in brackets."""
+    scale = f"; {_scale_text(t)}" if code in ("BL101", "BL103", "BL104") else ""
+    return f"observed: {v.message} [{windows_text(t)}{scale}]"
+
+
 def decide(record: dict, n: Optional[int], code: str, source_lines=()) -> Optional[tuple]:
     """(status, evidence) of a static ``code`` finding from the observed trace; None when ``code`` is not a loop
     invariant the run records."""
@@ -412,7 +418,7 @@ def decide(record: dict, n: Optional[int], code: str, source_lines=()) -> Option
             e.cond_text = e.cond_text or t.n_text
     vs = T.check(t, code)
     if vs:
-        return CONFIRMED, f"observed: {vs[0].message} [{windows_text(t)}]"
+        return CONFIRMED, violated_text(code, t, vs[0])
     missing = needs(code, t, record)
     if missing:
         return INCONCLUSIVE, f"not exercised: {missing}"
@@ -437,5 +443,5 @@ def findings(record: dict, n: Optional[int], n_from_setting: bool, static_codes:
         if vs and vs[0].event.line:
             out.append({"code": code, "row": vs[0].event.line,
                         "message": f"runtime: {vs[0].message}. {FIX.get(code, '')}".strip(),
-                        "evidence": f"observed: {vs[0].message} [{windows_text(t)}]"})
+                        "evidence": violated_text(code, t, vs[0])})
     return out
