@@ -229,6 +229,7 @@ class Trace:
     epochs: int = 1
     complete: bool = True  # the producer understood every relevant statement
     ddp: Optional[bool] = None  # the model is wrapped in DistributedDataParallel (None: not known)
+    ddp_when: str = ""  # the condition of that wrapping ("when `args.distributed`"; "": unconditional)
     sync_control: bool = False  # the loop turns gradient sync off somewhere (no_sync, require_backward_grad_sync)
     line: int = 0  # the loop's line
     notes: list = field(default_factory=list)
@@ -304,8 +305,9 @@ class Trace:
         """``when `args.fp16` is set and `config.CLIP` is not`` — the configuration a finding needs."""
         if not self.config:
             return ""
-        parts = [f"`{k}` is {'set' if v else 'not set'}" if not k.startswith("(") else f"{k} is {v}"
-                 for k, v in self.config.items()]
+        parts = [(k[6:] if v else f"not {k[6:]}") if k.startswith("!when ") else
+                 f"`{k}` is {'set' if v else 'not set'}" if not k.startswith("(") else f"{k} is {v}"
+                 for k, v in self.config.items()]  # "!when ...": a configuration the producer words itself
         return "when " + " and ".join(parts)
 
     def timeline(self, limit: int = 12) -> list:
@@ -531,19 +533,30 @@ def window_weights(trace: Trace) -> list:
     wins = trace.window_structure()
     if not wins or trace.n is None or trace.n <= 1:
         return []
+    opts = trace.optimizers()
+    if len(opts) > 1:
+        # several optimizers stepped on the same micro-batches (a GAN's generator and discriminator, each stepped
+        # every N): each optimizer's own windows, over the backwards no other optimizer's step claimed
+        groups = [(w, [b for b in w.backwards if not _claimed(trace, b, opt)]) for opt in opts
+                  for w in trace.windows(opt)]
+    else:
+        groups = [(w, w.backwards) for w in wins]
     out = []
-    for w in wins:
-        bws = [b for b in w.backwards if b.certain]
+    for w, cand in groups:
+        bws = [b for b in cand if b.certain]
         if any(not b.certain for b in w.backwards) or any(e.kind == "rescale" for e in w.events):
             continue
-        if len(bws) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
+        mbs = {b.mb for b in bws}
+        if len(mbs) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
             continue
         if all(all(f.kind != CONST or f.value == 1 for f in b.scale.factors) for b in bws):
-            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × {bws[0].scale.text(trace.n)} each (nothing divides by "
+            k = len(mbs)
+            count = f"backward ×{len(bws)}" + (f" over {k} micro-batches" if len(bws) != k else "")
+            msg = (f"{w.mbs}: {count} with loss × {bws[0].scale.text(trace.n)} each (nothing divides by "
                    f"{trace.n_text}), `{w.step.name}` after the "
-                   f"{ordinal(len(bws))} → the update is the sum of {len(bws)} micro-batch gradients, "
-                   f"{len(bws)}× the window's mean")
-            out.append(Violation("BL103", bws[0], msg, {"sum": len(bws)}))
+                   f"{ordinal(k)} → the update is the sum of {k} micro-batch gradients, "
+                   f"{k}× the window's mean")
+            out.append(Violation("BL103", bws[-1] if len(opts) > 1 else bws[0], msg, {"sum": k}))
     return _first_unique(out)
 
 
@@ -652,6 +665,17 @@ def window_length(trace: Trace) -> list:
         msg = (f"micro-batches 1–{trace.micro_batches}: `{s.name}` runs {len(steps)}× but never takes effect "
                f"({s.why or 'no-op'}) → no update in {trace.epochs} epochs; the gradients keep growing")
         return [Violation("BL108", s, msg, {"kind": "never", "at": "cond"})]
+    # the step stops for good: backwards go on for more than two windows and into the next epoch, none reaches a
+    # step (a gate on a counter that only advances when the gate fires: ``global_step % N == 0`` with
+    # ``global_step += int(stepped)`` holds once, then never again)
+    last = eff[-1]
+    after = [b for b in trace.events[trace.events.index(last) + 1:] if b.kind == "backward"]
+    if len(after) >= 2 * n and any(b.epoch > last.epoch for b in after) and len(eff) * n < len(bws):
+        msg = (f"`{last.name}` takes effect on micro-batch {last.mb + 1}, then never again: micro-batches "
+               f"{after[0].mb + 1}–{after[-1].mb + 1} (backward ×{len(after)}, into epoch {after[-1].epoch + 1}) "
+               f"reach no step → {len(eff)} update{'s' if len(eff) > 1 else ''} for {len(bws)} micro-batches "
+               f"instead of one per `{trace.n_text}`; the gradients keep growing")
+        return [Violation("BL108", last, msg, {"kind": "stops", "at": "call"})]
     syncs = [e for e in trace.of("counter") if e.target == "sync" and e.value is True]
     for sy in syncs:
         # accelerate synchronised this micro-batch (its gradients are final), but nothing stepped on it
@@ -766,16 +790,22 @@ def scaler_calls_per_step(trace: Trace) -> list:
     ``unscale_`` per optimizer per update, and no scaled backward added to gradients already unscaled."""
     out = []
     stepped = False
-    unscaled: dict = {}
+    unscaled: dict = {}  # optimizers unscaled since the last update (for "unscale_ twice")
+    pending: dict = {}  # ... and not stepped since: their gradients are unscaled and still to be used
     for e in trace.events:
         if not e.certain:
             if e.kind in ("step", "unscale"):
                 stepped = True  # it may have run: no claim that nothing stepped
+                pending.pop(e.opt, None)
             if e.kind == "update":
-                stepped, unscaled = False, {}
+                stepped, unscaled, pending = False, {}, {}
             continue
         if e.kind == "step" and e.via == "scaler":
             stepped = True
+            # the step consumed this optimizer's unscaled gradients; a later scaled backward (another optimizer's
+            # loss reaching these parameters, as in a GAN's generator pass) lands on gradients that the next
+            # zero_grad clears before this optimizer uses them again
+            pending.pop(e.opt, None)
         elif e.kind == "unscale":
             if unscaled.get(e.opt) is not None:
                 first = unscaled[e.opt]
@@ -784,6 +814,7 @@ def scaler_calls_per_step(trace: Trace) -> list:
                 out.append(Violation("BL202", first, msg, {"error": "unscale twice"}))
             else:
                 unscaled[e.opt] = e
+                pending[e.opt] = e
             stepped = True
         elif e.kind == "update":
             if not stepped:
@@ -791,13 +822,13 @@ def scaler_calls_per_step(trace: Trace) -> list:
                        f"AssertionError: No inf checks were recorded prior to update.")
                 out.append(Violation("BL202", e, msg, {"error": "no inf checks"}))
             stepped = False
-            unscaled = {}
-        elif e.kind == "backward" and e.scaled and unscaled:
-            first = next(iter(unscaled.values()))
+            unscaled, pending = {}, {}
+        elif e.kind == "backward" and e.scaled and pending:
+            first = next(iter(pending.values()))
             msg = (f"micro-batch {first.mb + 1}: `{first.name}`, then micro-batch {e.mb + 1}'s scaled backward adds "
                    f"gradients × the loss scale to unscaled ones before the step")
             out.append(Violation("BL202", first, msg, {"error": "mixed scaled"}))
-            unscaled = {}
+            unscaled, pending = {}, {}
     return _first_unique(out)
 
 
@@ -853,7 +884,37 @@ def ddp_sync(trace: Trace) -> list:
                    f"`{steps[0].name}` only when `{steps[0].cond_text}` → up to {trace.n_text} all-reduces per "
                    f"update instead of 1")
             out.append(Violation("BL114", bws[0], msg, {"kind": "no-no_sync"}))
+    if not out and trace.ddp and not trace.sync_control and not wins and trace.n and trace.n > 1:
+        out.extend(_ddp_cleared_windows(trace))
     return _first_unique(out)
+
+
+def _ddp_cleared_windows(trace: Trace) -> list:
+    """The step may or may not run (``if step != config.steps``), but the optimizer's ``zero_grad`` runs for
+    certain: between two of them, k ≥ 2 backwards with sync on and the step (if any) after the last → k
+    all-reduces for that update."""
+    zeros = [e for e in trace.of("zero_grad") if e.of == "optimizer" and e.certain and e.effective is True]
+    steps = trace.of("step")
+    if len(zeros) < 2 or not steps:
+        return []
+    idx = [trace.events.index(z) for z in zeros]
+    for a, b in zip(idx, idx[1:]):
+        seg = trace.events[a + 1:b]
+        bws = [e for e in seg if e.kind == "backward"]
+        if len(bws) < 2 or not all(e.certain for e in bws):
+            continue
+        if any(e.fwd_no_sync is True or e.in_no_sync for e in bws):
+            return []
+        last = seg.index(bws[-1])
+        if any(e.kind == "step" for e in seg[:last]) or not any(e.kind == "step" for e in seg[last:]):
+            continue
+        st = next(e for e in seg[last:] if e.kind == "step")
+        k = len(bws)
+        gate = f" (when `{st.cond_text}`)" if not st.certain and st.cond_text else ""
+        msg = (f"micro-batches {bws[0].mb + 1}–{bws[-1].mb + 1}: backward ×{k} with gradient sync on between two "
+               f"`{zeros[0].name}`, then `{st.name}`{gate} → {k} all-reduces per update instead of 1")
+        return [Violation("BL114", bws[0], msg, {"kind": "no-no_sync", "allreduces": k})]
+    return []
 
 
 # Not run by the linter (whether an epoch has a tail depends on the dataset's length; the static pass stays
