@@ -302,3 +302,22 @@ def test_violated_invariant_is_reported_at_runtime_without_a_static_finding():
     r = _loop_record(13, offset=3)
     (f,) = [x for x in runtime_findings(Run([r], None), set()) if x["code"] == "BL107"]
     assert f["line"] == ["/x/train.py", 14] and f["message"].endswith("Step when `(i + 1) % N == 0`.")
+
+
+def test_epoch_tail_finding_is_confirmed_by_a_longer_window_and_never_refuted():
+    tail = {"kind": "leaked"}
+    r = _loop_record(13)
+    st, ev = verify_diagnostic(Run([r], None), d("BL107", sev="W", tail=tail), [])
+    assert st == "inconclusive" and ev.startswith("not exercised: 13 micro-batches, 3 optimizer steps") \
+        and "needs an epoch's end with a partial window" in ev
+    # the last 2 micro-batches of an epoch of 10 were not stepped: the next update sums 6
+    f = "/x/train.py"
+    ev_ = []
+    for i in range(16):
+        ev_.append({"k": "backward", "mb": i, "line": [f, 11]})
+        if i + 1 in (4, 8, 14):
+            ev_ += [{"k": "optimizer_step", "mb": i + 1, "oid": "A", "line": [f, 14]},
+                    {"k": "zero_grad", "mb": i + 1, "kind": "optimizer", "oid": "A", "line": [f, 15]}]
+    r = rec(accumulation=4, events=ev_, backwards=[{"factor": 0.25}] * 16, microbatches=16)
+    st, ev = verify_diagnostic(Run([r], None), d("BL107", sev="W", tail=tail), [])
+    assert st == "confirmed" and "micro-batches 9–14: backward ×6" in ev and "the other windows hold 4" in ev

@@ -775,8 +775,11 @@ class _Runner:
                         self._simple_line(stmt, frame, prefix=True)
             if self._exec_loop(outermost, frame, chain, 0) == "return" and not passes:
                 break
+            if passes == 2:
+                self._after_loop(path, frame)
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
+        self.trace.epochs_from = "loop" if passes == 1 else self._reentry(loop)
         # any gradient-sync control anywhere in the file (another configuration may use it): no claim that the
         # loop never turns sync off
         self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
@@ -799,6 +802,34 @@ class _Runner:
                                        f"turns sync off only when `{gate}`)")
         self.trace.owner = self._owner()
         return self.trace
+
+    def _reentry(self, loop) -> str:
+        """No epoch loop around the training loop: ``call`` when its function may be called once per epoch with the
+        same optimizer, ``once`` when the loop runs once per run (module level, or its function builds the optimizer
+        it steps: each call is a training of its own)."""
+        fn = loop.func
+        if fn is None:
+            return "once"
+        opts = {e.opt or e.target for e in self.trace.events if e.kind == "step"}
+        for n in _walk(fn.body):
+            if type(n) is cst.Assign and type(n.value) is cst.Call:
+                for t in n.targets:
+                    if any(nm in opts for nm in _target_names(t.target)):
+                        return "once"
+        return "call"
+
+    def _after_loop(self, path, frame) -> None:
+        """No epoch loop around the training loop (its function is one epoch): the statements after the loop, up to
+        a ``return``, run at the end of each epoch (a flush of the last partial window: ``if (i + 1) % N:
+        optimizer.step()``). Statements holding a loop or a definition are skipped (another loop has its own trace)."""
+        self.trace.after_loop = True
+        for block, idx in reversed(path):
+            for stmt in block[idx + 1:]:
+                if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or any(
+                        isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.Lambda)) for n in _walk(stmt)):
+                    continue
+                if self._stmt(stmt, frame, None, 0) is not None:
+                    return
 
     def _fsdp_only_gate(self) -> Optional[str]:
         """The configuration condition ``isinstance(x, FSDP)`` this run took as false, when the file imports
@@ -914,8 +945,8 @@ class _Runner:
             if is_micro:
                 self.mb += 1
                 self.last_iter = k == len(values) - 1
-            elif level == 0 and k > 0 and node is chain[0] and len(chain) > 1:
-                self.epoch += 1
+            elif k > 0 and len(chain) > 1 and level == len(chain) - 2 and node is chain[level]:
+                self.epoch += 1  # the loop right around the training loop re-enters it: a new epoch
             if isinstance(node, cst.While):
                 c = self.truth(node.test, frame)
                 if c is False:
@@ -935,6 +966,8 @@ class _Runner:
 
     def _iter_values(self, node, frame, count: int, is_micro: bool) -> Optional[list]:
         """Values bound to the loop target per iteration (None: unknown), at most ``count``."""
+        if is_micro:
+            self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
             return [None] * count
         it = _unwrap_iter(node.iter)
@@ -974,6 +1007,33 @@ class _Runner:
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _loader_kind(self, node, frame) -> str:
+        """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
+        known to the dry run), ``range`` (a range of steps: how it relates to an epoch is not known), ``while``."""
+        if not isinstance(node, cst.For):
+            return "while"
+        it = _unwrap_iter(node.iter)
+        if isinstance(it, cst.Call) and call_name(it) == "enumerate":
+            tgt = node.target
+            if isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements and isinstance(tgt.elements[0].value, cst.Name):
+                self.trace.index_text = tgt.elements[0].value.value
+            it = positional(it, 0)
+            it = _unwrap_iter(it) if isinstance(it, cst.Call) else it
+        if isinstance(it, cst.Call) and call_name(it) == "range":
+            args = [a.value for a in it.args if a.keyword is None]
+            if len(args) == 1 and isinstance(args[0], cst.Call) and call_name(args[0]) == "len" and args[0].args:
+                ld = args[0].args[0].value
+                if isinstance(ld, (cst.Name, cst.Attribute)):
+                    self.trace.loader_text = self.dr.code(ld)
+                return "loader"
+            return "range"
+        ld = it
+        while isinstance(ld, cst.Call) and ld.args:
+            ld = ld.args[0].value
+        if isinstance(ld, (cst.Name, cst.Attribute)):
+            self.trace.loader_text = self.dr.code(ld)
+        return "loader"
 
     def _bind(self, target, bind, frame) -> None:
         if bind is None or bind is UNK:
@@ -1085,6 +1145,8 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
+        if self.in_micro and not self.trace.undecided_skip and _skips(stmt):
+            self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
         first_ev = len(self.trace.events)
         saved = self.certain
@@ -1225,7 +1287,8 @@ class _Runner:
         self._stmt_node = stmt
         for small in stmt.body:
             tp = type(small)
-            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]):
+            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]) \
+                    and not _zero_grad_call(small):
                 continue
             if tp is cst.Expr:
                 self.ev(small.value, frame)
@@ -2264,6 +2327,27 @@ def _scaler_enabled(f) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _skips(stmt) -> bool:
+    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it)."""
+    todo = list(stmt.children)
+    while todo:
+        n = todo.pop()
+        tp = type(n)
+        if tp is cst.Continue or tp is cst.Break:
+            return True
+        if tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        todo.extend(n.children)
+    return False
+
+
+def _zero_grad_call(small) -> bool:
+    """``optimizer.zero_grad()`` / ``model.zero_grad()`` as a statement of its own: run even before the loop (at the
+    start of each epoch when the loop's function is one epoch)."""
+    return type(small) is cst.Expr and type(small.value) is cst.Call and isinstance(small.value.func, cst.Attribute) \
+        and small.value.func.attr.value == "zero_grad"
 
 
 def _unwrap_iter(it):

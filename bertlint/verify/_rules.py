@@ -469,7 +469,8 @@ def verify_diagnostic(run: Run, d, source_lines: list[str]) -> tuple:
         return _status_for_no_training(run)
     try:
         if code in _trace.RUNTIME_CODES:
-            st, ev = _trace.decide(run.r, run.n, code, list(source_lines))
+            tail = bool(isinstance(d.data, dict) and d.data.get("tail"))
+            st, ev = _trace.decide(run.r, run.n, code, list(source_lines), tail=tail)
             if code == "BL114":
                 div = _divergence(run)
                 if div:

@@ -405,11 +405,30 @@ def violated_text(code: str, t: T.Trace, v) -> str:
     return f"observed: {v.message} [{windows_text(t)}{scale}]"
 
 
-def decide(record: dict, n: Optional[int], code: str, source_lines=()) -> Optional[tuple]:
+def decide_tail(record: dict, n: Optional[int], source_lines=()) -> tuple:
+    """BL107's epoch tail (the epoch's last partial window dropped or leaked): the run does not record epoch
+    boundaries, so only a leaked tail shows — one window longer than the others; otherwise not exercised."""
+    t = build(record, n, source_lines)
+    wins = _windows(t)
+    sizes = [len(w.backwards) for w in wins]
+    k = Counter(sizes[1:]).most_common(1)[0][0] if len(sizes) > 1 else None
+    longer = [w for w in wins if k and k > 1 and len(w.backwards) > k]
+    if longer:
+        w = longer[0]
+        return CONFIRMED, (f"observed: {w.mbs}: backward ×{len(w.backwards)}, `{w.step.name}` after the "
+                           f"{T.ordinal(len(w.backwards))} while the other windows hold {k} → a partial window was "
+                           f"added to the next update [{windows_text(t)}]")
+    return INCONCLUSIVE, (f"not exercised: {windows_text(t)}; the epoch-tail check needs an epoch's end with a "
+                          f"partial window (whether one is left depends on len(loader) % N, and the run {_stop_text(record)})")
+
+
+def decide(record: dict, n: Optional[int], code: str, source_lines=(), tail: bool = False) -> Optional[tuple]:
     """(status, evidence) of a static ``code`` finding from the observed trace; None when ``code`` is not a loop
-    invariant the run records."""
+    invariant the run records. ``tail``: a BL107 finding about the epoch's tail (:func:`decide_tail`)."""
     if code not in RUNTIME_CODES or code not in T.INVARIANTS:
         return None
+    if code == "BL107" and tail:
+        return decide_tail(record, n, source_lines)
     t = build(record, n, source_lines, forwards_as_micro_batches=(code == "BL113"))
     if code == "BL108":
         # the static finding established that the step is gated on N (the runtime sees no conditions): the
