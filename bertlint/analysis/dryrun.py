@@ -2377,8 +2377,24 @@ def _scaler_enabled(f) -> bool:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+_SKIPS: dict = {}
+
+
 def _skips(stmt) -> bool:
-    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it)."""
+    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it). A fact of the
+    tree, asked on every pass over the statement: memoised by node identity (the node is kept with its answer, so
+    its id cannot be reused; the table is bounded)."""
+    hit = _SKIPS.get(id(stmt))
+    if hit is not None and hit[0] is stmt:
+        return hit[1]
+    r = _skips_walk(stmt)
+    if len(_SKIPS) > 20000:
+        _SKIPS.clear()
+    _SKIPS[id(stmt)] = (stmt, r)
+    return r
+
+
+def _skips_walk(stmt) -> bool:
     todo = list(stmt.children)
     while todo:
         n = todo.pop()
