@@ -18,7 +18,7 @@ class ConfigError(Exception):
 
 
 # The packages whose versions the analyses know about (``target-versions``).
-KNOWN_PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "lightning", "pytorch-lightning", "peft", "trl")
+KNOWN_PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "lightning", "pytorch-lightning", "peft", "trl", "diffusers")
 
 _CODE = re.compile(r"^(ALL|BL[0-9]{0,3})$")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*([a-zA-Z0-9.+!-]*)$")

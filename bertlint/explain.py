@@ -7,7 +7,8 @@ estimate by category with its assumptions, and the linter's findings. Text or ``
 
 The memory estimate is first-order arithmetic; a precise estimator can be plugged in with
 :func:`register_memory_estimator` (a callable ``(setup, seq_len, world_size, versions) -> dict | None`` returning the
-same keys as :func:`first_order_memory`).
+same keys as :func:`first_order_memory`; one that takes a ``ctx`` keyword also gets the file's context, so it reads the
+same set-up model ``bertlint memory`` reads).
 
 Nothing here imports torch or transformers.
 """
@@ -33,6 +34,28 @@ def register_memory_estimator(fn: Optional[Callable]) -> None:
     """Plug a memory estimator in (``None`` restores the first-order one)."""
     global _MEMORY_ESTIMATOR
     _MEMORY_ESTIMATOR = fn
+
+
+def _takes_ctx(fn: Callable) -> bool:
+    import inspect
+
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "ctx" or p.kind is p.VAR_KEYWORD for p in ps)
+
+
+def _estimate(ctx, s, sl, world, versions) -> Optional[dict]:
+    """The plugged estimator's memory for set-up ``s`` (given the file's context when it takes one), or None."""
+    if _MEMORY_ESTIMATOR is None:
+        return None
+    try:
+        if _takes_ctx(_MEMORY_ESTIMATOR):
+            return _MEMORY_ESTIMATOR(s, sl, world, versions, ctx=ctx)
+        return _MEMORY_ESTIMATOR(s, sl, world, versions)
+    except Exception:  # noqa: BLE001 - explain keeps its first-order arithmetic
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -470,6 +493,28 @@ def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_
                                              "parameters_source": model.architecture_source},
         "findings": [f for f in out["findings"] if _in_node(ctx, lp.node, f["row"])],
     }
+    try:
+        d["dry_run"] = loop_timeline(ctx, lp, b)
+    except Exception:  # the timeline is an extra: never break explain
+        d["dry_run"] = None
+    dr = d["dry_run"]
+    if dr and dr.get("complete"):
+        # one model: the header states what the dry run found (the trace), not a second reading of the loop
+        if dr.get("n") is not None:
+            d["accumulation"] = dr["n"] if dr.get("n_source") == "resolved" else dr.get("n_text") or dr["n"]
+            same = acc is not None and acc.text == dr.get("n_text")
+            d["accumulation_source"] = ((acc.source if same else "dry run") if dr.get("n_source") == "resolved"
+                                        else f"value not fixed by the script: the dry run uses N = {dr['n']}")
+            n = dr["n"] if dr.get("n_source") == "resolved" else None
+        sizes = dr.get("window_sizes") or []
+        full = dr.get("window")
+        if not sizes:
+            d["optimizer_step"] = "not in the loop"
+        elif all(k == 1 for k in sizes):
+            d["optimizer_step"] = "every micro-batch"
+        elif full:
+            d["optimizer_step"] = f"once per window of {full} micro-batches"
+        d["loss_divided"] = dr.get("loss_divided", d["loss_divided"])
     if b and isinstance(n, int) and d["optimizer_step"] == "every micro-batch":
         d["effective_batch"] = {"value": b * world, "formula": f"{b} × 1 × {world} = {b * world} — the optimizer "
                                 f"steps on every micro-batch, so the accumulation of {n} does not happen"}
@@ -480,13 +525,15 @@ def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_
         d["effective_batch"] = {"value": None, "formula": None}
     pseudo = _LoopSetup(d["framework"], lp.node, model, b, n, ck)
     sl, sl_src = _seq_len(ctx, pseudo, seq_len_arg)
-    mem = dict(first_order_memory(pseudo, sl, world, versions))
+    mem = _estimate(ctx, pseudo, sl, world, versions)
+    if mem is None:
+        mem = dict(first_order_memory(pseudo, sl, world, versions))
+        mem.setdefault("method", "first-order")
+    else:
+        mem = dict(mem)
+        mem.setdefault("method", "simulated")
     mem["seq_len"], mem["seq_len_source"] = sl, sl_src
     d["memory"] = mem
-    try:
-        d["dry_run"] = loop_timeline(ctx, lp, b)
-    except Exception:  # the timeline is an extra: never break explain
-        d["dry_run"] = None
     return d
 
 
@@ -527,7 +574,19 @@ def loop_timeline(ctx, lp, micro_batch: Optional[int] = None, limit: int = 12) -
         "window_sizes": sizes[:8],
         "window": full,
         "effective_batch": (micro_batch * full) if (micro_batch and full) else None,
+        "loss_divided": _loss_divided(tr),
     }
+
+
+def _loss_divided(tr) -> Optional[bool]:
+    """True when a backward's loss scale has a user ``1/N`` factor; False when every scale is known and none has;
+    None (unknown) otherwise."""
+    bws = tr.of("backward")
+    if any(f.kind == "user" and f.power < 0 for e in bws if e.scale is not None for f in e.scale.factors):
+        return True
+    if bws and all(e.scale is not None and e.scale.known for e in bws):
+        return False
+    return None
 
 
 def render_timeline(dr: Optional[dict]) -> list:
@@ -612,12 +671,7 @@ def _explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len_
     d["checkpointing"] = checkpointing_info(s, versions)
     d["loss_division"] = who_divides(s, versions, fs)
     sl, sl_src = _seq_len(ctx, s, seq_len_arg)
-    mem = None
-    if _MEMORY_ESTIMATOR is not None:
-        try:
-            mem = _MEMORY_ESTIMATOR(s, sl, world, versions)
-        except Exception:
-            mem = None
+    mem = _estimate(ctx, s, sl, world, versions)
     if mem is None:
         mem = dict(first_order_memory(s, sl, world, versions))
         mem.setdefault("method", "first-order")
@@ -687,7 +741,9 @@ def render_text(rep: dict) -> str:
         if eff.get("formula"):
             suffix = "" if "—" in eff["formula"] else " (per device × accumulation × world size)"
             lines.append(f"  effective batch:  {eff['formula']}{suffix}")
-        lines.append(f"  optimizer step:   {lp['optimizer_step']}; loss divided by N: {lp['loss_divided']}")
+        ld = lp['loss_divided']
+        lines.append(f"  optimizer step:   {lp['optimizer_step']}; loss divided by N: "
+                     f"{'unknown' if ld is None else ld}")
         lines.extend(render_timeline(lp.get("dry_run")))
         mem = lp.get("memory") or {}
         if mem.get("total"):

@@ -229,9 +229,16 @@ class Trace:
     epochs: int = 1
     complete: bool = True  # the producer understood every relevant statement
     ddp: Optional[bool] = None  # the model is wrapped in DistributedDataParallel (None: not known)
+    ddp_when: str = ""  # the condition of that wrapping ("when `args.distributed`"; "": unconditional)
     sync_control: bool = False  # the loop turns gradient sync off somewhere (no_sync, require_backward_grad_sync)
     line: int = 0  # the loop's line
     notes: list = field(default_factory=list)
+    loader: str = ""  # what the micro-batch loop iterates: "loader" (length not known), "range", "while", "" (unknown)
+    loader_text: str = ""  # the loader as written (``train_dataloader``), for messages
+    index_text: str = ""  # the micro-batch index as written (``step`` of ``enumerate``), for messages
+    epochs_from: str = ""  # "loop" (an epoch loop), "call" (the loop's function, once per epoch), "once" (no epochs)
+    undecided_skip: bool = False  # a ``continue`` / ``break`` under a condition the run could not decide
+    after_loop: bool = False  # the statements after the loop ran at each epoch's end (the loop's function is one epoch)
 
     # ---------------------------------------------------------------- queries
     def of(self, *kinds: str) -> list:
@@ -304,8 +311,9 @@ class Trace:
         """``when `args.fp16` is set and `config.CLIP` is not`` — the configuration a finding needs."""
         if not self.config:
             return ""
-        parts = [f"`{k}` is {'set' if v else 'not set'}" if not k.startswith("(") else f"{k} is {v}"
-                 for k, v in self.config.items()]
+        parts = [(k[6:] if v else f"not {k[6:]}") if k.startswith("!when ") else
+                 f"`{k}` is {'set' if v else 'not set'}" if not k.startswith("(") else f"{k} is {v}"
+                 for k, v in self.config.items()]  # "!when ...": a configuration the producer words itself
         return "when " + " and ".join(parts)
 
     def timeline(self, limit: int = 12) -> list:
@@ -438,6 +446,9 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
                 if len({b.mb for b in bws}) < 2:
                     continue
             clears = [e for e in clears if any(b.mb < e.mb for b in bws)]
+            # a clear at the start of an epoch, before its first backward, after the previous epoch's tail: the tail
+            # is dropped (BL107's epoch_tail), the window's own micro-batches are not erased
+            clears = [e for e in clears if not _epoch_start_clear(w, e, bws)]
             if not clears:
                 continue
             e = clears[-1]
@@ -458,6 +469,15 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
             out.append(Violation("BL102", clears[0], msg, {"lost": lost, "window": len(mbs)}, [w.step]))
             break
     return _first_unique(_merge_adjacent(trace, out))
+
+
+def _epoch_start_clear(w: Window, z: Event, bws: list) -> bool:
+    """``z`` runs in a later epoch than every backward of the window before it, and before any backward of its own
+    epoch in the window."""
+    pos = w.events.index(z)
+    before = [b for b in bws if w.events.index(b) < pos]
+    return bool(before) and all(b.epoch < z.epoch for b in before) and not any(
+        b.epoch == z.epoch for b in before)
 
 
 def _merge_adjacent(trace: Trace, vs: list) -> list:
@@ -531,19 +551,30 @@ def window_weights(trace: Trace) -> list:
     wins = trace.window_structure()
     if not wins or trace.n is None or trace.n <= 1:
         return []
+    opts = trace.optimizers()
+    if len(opts) > 1:
+        # several optimizers stepped on the same micro-batches (a GAN's generator and discriminator, each stepped
+        # every N): each optimizer's own windows, over the backwards no other optimizer's step claimed
+        groups = [(w, [b for b in w.backwards if not _claimed(trace, b, opt)]) for opt in opts
+                  for w in trace.windows(opt)]
+    else:
+        groups = [(w, w.backwards) for w in wins]
     out = []
-    for w in wins:
-        bws = [b for b in w.backwards if b.certain]
+    for w, cand in groups:
+        bws = [b for b in cand if b.certain]
         if any(not b.certain for b in w.backwards) or any(e.kind == "rescale" for e in w.events):
             continue
-        if len(bws) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
+        mbs = {b.mb for b in bws}
+        if len(mbs) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
             continue
         if all(all(f.kind != CONST or f.value == 1 for f in b.scale.factors) for b in bws):
-            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × {bws[0].scale.text(trace.n)} each (nothing divides by "
+            k = len(mbs)
+            count = f"backward ×{len(bws)}" + (f" over {k} micro-batches" if len(bws) != k else "")
+            msg = (f"{w.mbs}: {count} with loss × {bws[0].scale.text(trace.n)} each (nothing divides by "
                    f"{trace.n_text}), `{w.step.name}` after the "
-                   f"{ordinal(len(bws))} → the update is the sum of {len(bws)} micro-batch gradients, "
-                   f"{len(bws)}× the window's mean")
-            out.append(Violation("BL103", bws[0], msg, {"sum": len(bws)}))
+                   f"{ordinal(k)} → the update is the sum of {k} micro-batch gradients, "
+                   f"{k}× the window's mean")
+            out.append(Violation("BL103", bws[-1] if len(opts) > 1 else bws[0], msg, {"sum": k}))
     return _first_unique(out)
 
 
@@ -595,42 +626,84 @@ def first_window_complete(trace: Trace) -> list:
 
 def epoch_tail(trace: Trace) -> list:
     """BL107 (tail): the epoch's last, partial window is stepped (or carried on with its scale) — not discarded by a
-    ``zero_grad`` at the next epoch's start, and not silently added to the next epoch's first window."""
+    ``zero_grad`` at the next epoch's start, and not silently added to the next epoch's first window.
+
+    Only where the run shows it: the micro-batch loop iterates a loader (its length is not known, so it may leave a
+    remainder), every epoch-1 window holds N backwards, the backwards after the epoch's last step are not stepped at
+    its end (no ``or i + 1 == len(loader)``, no flush after the loop), and the next epoch's first update either
+    starts from cleared gradients (dropped) or sums a window of another length than N (leaked). A counter carried
+    across epochs and never cleared keeps every window N long: no violation."""
     wins = trace.window_structure()
-    if not wins or trace.n is None or trace.n <= 1:
+    n = trace.n
+    if not wins or n is None or n <= 1 or trace.loader != "loader" or trace.epochs_from not in ("loop", "call"):
         return []
+    if trace.undecided_skip:
+        return []  # a guard may skip micro-batches or end the epoch early (on a multiple of N): tail not known
     ev = trace.events
-    if any(not e.certain for e in ev if e.kind in ("backward", "zero_grad")):
+    if any(not e.certain for e in ev if e.kind in ("backward", "zero_grad", "step")):
         return []
-    steps = [i for i, e in enumerate(ev) if e.kind == "step" and e.effective is True and e.epoch == 0]
-    later = [e for e in ev if e.kind == "backward" and e.epoch >= 1]
-    if not steps or not later:
-        return []
-    last = steps[-1]
+    if any(e.via == "engine" for e in ev if e.kind in ("backward", "step")):
+        return []  # a DeepSpeed engine keeps its own boundary
+    bws = [e for e in ev if e.kind == "backward"]
+    if len({b.mb for b in bws}) < trace.micro_batches or len(bws) != trace.micro_batches:
+        return []  # not one backward per micro-batch
+    e0 = [w for w in wins if w.step.epoch == 0]
+    if len(e0) < 2 or any(len(w.backwards) != n for w in e0):
+        return []  # the epoch's own windows are not N long: another rule's mistake (BL107 first window, BL108)
+    for w in e0:
+        first = w.events.index(w.backwards[0])
+        if any(e.kind == "zero_grad" and e.effective is True for e in w.events[first + 1:-1]):
+            return []  # gradients cleared inside a window: BL102's mistake
+    last = ev.index(e0[-1].step)
+    for w in e0:
+        last = max(last, ev.index(w.steps[-1]))
     tail = [e for e in ev[last + 1:] if e.kind == "backward" and e.epoch == 0]
-    if not tail or len(tail) >= trace.n:
+    k = len(tail)
+    if not tail or k >= n:
         return []
-    first_step = ev[last]
+    first_step = e0[-1].step
     nxt = next((i for i in range(last + 1, len(ev)) if ev[i].kind == "step" and ev[i].effective is True), None)
     if nxt is None:
         return []
-    span = ev[last + 1:nxt]
     tail_end = ev.index(tail[-1])
+    b1 = next((i for i in range(tail_end + 1, len(ev)) if ev[i].kind == "backward"), None)
+    if b1 is None or b1 > nxt or ev[b1].epoch == 0:
+        return []
+    opts = set(trace.optimizers())
     zeros = [e for e in ev[tail_end + 1:nxt] if e.kind == "zero_grad" and e.effective is True
-             and (e.of != "optimizer" or e.opt == first_step.opt)]
-    k = len(tail)
+             and (e.of != "optimizer" or e.opt in opts)]
+    if any(ev.index(z) > b1 for z in zeros):
+        return []  # cleared inside the next epoch's window: not this mistake
+    span_bws = [e for e in ev[last + 1:nxt] if e.kind == "backward"]
+    nk = len([e for e in span_bws if e.epoch >= 1])
     mbs = f"micro-batch{'es' if k > 1 else ''} {tail[0].mb + 1}" + (f"–{tail[-1].mb + 1}" if k > 1 else "")
+    ep_len = trace.epoch_len or (tail[-1].mb + 1)
+    arith = f"dry run: {ep_len} micro-batches per epoch = {ep_len // n}×{n} + {k}"
+    data = {"tail": k, "n": n, "epoch_len": ep_len, "next": nk}
     if zeros:
         z = zeros[0]
+        rest = (f"; the next update then sums {nk} micro-batch{'es' if nk != 1 else ''} instead of {n}"
+                if nk != n else "")
         msg = (f"{mbs} (the last {k} of epoch 1, after its last step at micro-batch {first_step.mb + 1}): "
                f"backward ×{k}, then `{z.name}` at the start of epoch 2 before any step → the partial window's "
-               f"gradients are discarded (when the loader's length is not a multiple of {trace.n_text})")
-        return [Violation("BL107", first_step, msg, {"tail": k, "kind": "dropped"}, [z])]
-    bws = [e for e in span if e.kind == "backward"]
-    msg = (f"{mbs} (the last {k} of epoch 1) are not stepped: the first update of epoch 2 sums backward ×{len(bws)} "
-           f"({k} from epoch 1 + {len(bws) - k}) instead of {trace.n_text} (when the loader's length is not a "
-           f"multiple of {trace.n_text})")
-    return [Violation("BL107", first_step, msg, {"tail": k, "kind": "leaked"})]
+               f"gradients are discarded{rest} ({arith})")
+        return [Violation("BL107", first_step, msg, {**data, "kind": "dropped"}, [z])]
+    if len(span_bws) == n:
+        return []  # a counter carried across epochs: the window goes on over the boundary with N backwards
+    if any(e.kind == "rescale" for e in ev[last + 1:nxt]) or any(
+            b.scale is not None and any(f.kind == OTHER for f in b.scale.factors) for b in span_bws):
+        return []  # normalised by what the window really holds (``scale_grads(1 / num_tokens)``): carried on
+        # with its scale, one longer window
+    msg = (f"{mbs} (the last {k} of epoch 1, after its last step at micro-batch {first_step.mb + 1}) are not "
+           f"stepped: the first update of epoch 2 sums backward ×{len(span_bws)} ({k} from epoch 1 + {nk}) instead "
+           f"of {n}" + (f", each weighted 1/{n}" if all(b.scale is not None and b.scale.n_power == -1
+                                                         for b in span_bws) else "") + f" ({arith})")
+    return [Violation("BL107", first_step, msg, {**data, "kind": "leaked"})]
+
+
+def partial_window(trace: Trace) -> list:
+    """BL107: the first window is complete, else the epoch's tail is stepped (one finding per loop)."""
+    return first_window_complete(trace) or epoch_tail(trace)
 
 
 def window_length(trace: Trace) -> list:
@@ -652,6 +725,17 @@ def window_length(trace: Trace) -> list:
         msg = (f"micro-batches 1–{trace.micro_batches}: `{s.name}` runs {len(steps)}× but never takes effect "
                f"({s.why or 'no-op'}) → no update in {trace.epochs} epochs; the gradients keep growing")
         return [Violation("BL108", s, msg, {"kind": "never", "at": "cond"})]
+    # the step stops for good: backwards go on for more than two windows and into the next epoch, none reaches a
+    # step (a gate on a counter that only advances when the gate fires: ``global_step % N == 0`` with
+    # ``global_step += int(stepped)`` holds once, then never again)
+    last = eff[-1]
+    after = [b for b in trace.events[trace.events.index(last) + 1:] if b.kind == "backward"]
+    if len(after) >= 2 * n and any(b.epoch > last.epoch for b in after) and len(eff) * n < len(bws):
+        msg = (f"`{last.name}` takes effect on micro-batch {last.mb + 1}, then never again: micro-batches "
+               f"{after[0].mb + 1}–{after[-1].mb + 1} (backward ×{len(after)}, into epoch {after[-1].epoch + 1}) "
+               f"reach no step → {len(eff)} update{'s' if len(eff) > 1 else ''} for {len(bws)} micro-batches "
+               f"instead of one per `{trace.n_text}`; the gradients keep growing")
+        return [Violation("BL108", last, msg, {"kind": "stops", "at": "call"})]
     syncs = [e for e in trace.of("counter") if e.target == "sync" and e.value is True]
     for sy in syncs:
         # accelerate synchronised this micro-batch (its gradients are final), but nothing stepped on it
@@ -766,16 +850,22 @@ def scaler_calls_per_step(trace: Trace) -> list:
     ``unscale_`` per optimizer per update, and no scaled backward added to gradients already unscaled."""
     out = []
     stepped = False
-    unscaled: dict = {}
+    unscaled: dict = {}  # optimizers unscaled since the last update (for "unscale_ twice")
+    pending: dict = {}  # ... and not stepped since: their gradients are unscaled and still to be used
     for e in trace.events:
         if not e.certain:
             if e.kind in ("step", "unscale"):
                 stepped = True  # it may have run: no claim that nothing stepped
+                pending.pop(e.opt, None)
             if e.kind == "update":
-                stepped, unscaled = False, {}
+                stepped, unscaled, pending = False, {}, {}
             continue
         if e.kind == "step" and e.via == "scaler":
             stepped = True
+            # the step consumed this optimizer's unscaled gradients; a later scaled backward (another optimizer's
+            # loss reaching these parameters, as in a GAN's generator pass) lands on gradients that the next
+            # zero_grad clears before this optimizer uses them again
+            pending.pop(e.opt, None)
         elif e.kind == "unscale":
             if unscaled.get(e.opt) is not None:
                 first = unscaled[e.opt]
@@ -784,6 +874,7 @@ def scaler_calls_per_step(trace: Trace) -> list:
                 out.append(Violation("BL202", first, msg, {"error": "unscale twice"}))
             else:
                 unscaled[e.opt] = e
+                pending[e.opt] = e
             stepped = True
         elif e.kind == "update":
             if not stepped:
@@ -791,13 +882,13 @@ def scaler_calls_per_step(trace: Trace) -> list:
                        f"AssertionError: No inf checks were recorded prior to update.")
                 out.append(Violation("BL202", e, msg, {"error": "no inf checks"}))
             stepped = False
-            unscaled = {}
-        elif e.kind == "backward" and e.scaled and unscaled:
-            first = next(iter(unscaled.values()))
+            unscaled, pending = {}, {}
+        elif e.kind == "backward" and e.scaled and pending:
+            first = next(iter(pending.values()))
             msg = (f"micro-batch {first.mb + 1}: `{first.name}`, then micro-batch {e.mb + 1}'s scaled backward adds "
                    f"gradients × the loss scale to unscaled ones before the step")
             out.append(Violation("BL202", first, msg, {"error": "mixed scaled"}))
-            unscaled = {}
+            unscaled, pending = {}, {}
     return _first_unique(out)
 
 
@@ -853,11 +944,40 @@ def ddp_sync(trace: Trace) -> list:
                    f"`{steps[0].name}` only when `{steps[0].cond_text}` → up to {trace.n_text} all-reduces per "
                    f"update instead of 1")
             out.append(Violation("BL114", bws[0], msg, {"kind": "no-no_sync"}))
+    if not out and trace.ddp and not trace.sync_control and not wins and trace.n and trace.n > 1:
+        out.extend(_ddp_cleared_windows(trace))
     return _first_unique(out)
 
 
-# Not run by the linter (whether an epoch has a tail depends on the dataset's length; the static pass stays
-# silent), but available to ``explain`` and to the verifier, which sees the real length.
+def _ddp_cleared_windows(trace: Trace) -> list:
+    """The step may or may not run (``if step != config.steps``), but the optimizer's ``zero_grad`` runs for
+    certain: between two of them, k ≥ 2 backwards with sync on and the step (if any) after the last → k
+    all-reduces for that update."""
+    zeros = [e for e in trace.of("zero_grad") if e.of == "optimizer" and e.certain and e.effective is True]
+    steps = trace.of("step")
+    if len(zeros) < 2 or not steps:
+        return []
+    idx = [trace.events.index(z) for z in zeros]
+    for a, b in zip(idx, idx[1:]):
+        seg = trace.events[a + 1:b]
+        bws = [e for e in seg if e.kind == "backward"]
+        if len(bws) < 2 or not all(e.certain for e in bws):
+            continue
+        if any(e.fwd_no_sync is True or e.in_no_sync for e in bws):
+            return []
+        last = seg.index(bws[-1])
+        if any(e.kind == "step" for e in seg[:last]) or not any(e.kind == "step" for e in seg[last:]):
+            continue
+        st = next(e for e in seg[last:] if e.kind == "step")
+        k = len(bws)
+        gate = f" (when `{st.cond_text}`)" if not st.certain and st.cond_text else ""
+        msg = (f"micro-batches {bws[0].mb + 1}–{bws[-1].mb + 1}: backward ×{k} with gradient sync on between two "
+               f"`{zeros[0].name}`, then `{st.name}`{gate} → {k} all-reduces per update instead of 1")
+        return [Violation("BL114", bws[0], msg, {"kind": "no-no_sync", "allreduces": k})]
+    return []
+
+
+# ``epoch_tail`` is part of BL107 (``partial_window``); kept under its own name for ``explain`` and the verifier.
 EXTRA_INVARIANTS: dict = {"BL107-tail": epoch_tail}
 
 INVARIANTS: dict = {
@@ -866,7 +986,7 @@ INVARIANTS: dict = {
     "BL103": window_weights,
     "BL104": scaled_twice,
     "BL105": scheduler_per_step,
-    "BL107": first_window_complete,
+    "BL107": partial_window,
     "BL108": window_length,
     "BL112": clip_once_per_step,
     "BL113": backward_each_micro_batch,

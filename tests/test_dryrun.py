@@ -115,3 +115,160 @@ def test_ddp_sync_decided_at_forward():
     assert all(b.fwd_no_sync is True and not b.in_no_sync for b in bws)
     (v, _), = run.violations("BL114")
     assert v.data["kind"] == "unsynced"
+
+
+# ------------------------------------------------------------------ DDP sync state and model identity (issue 11)
+
+
+def _lint(src: str, world_size=None):
+    from bertlint.config import Settings
+    from bertlint.engine import lint_python
+
+    return [d for d in lint_python(textwrap.dedent(src), "t.py", Settings(world_size=world_size)) if d.code == "BL114"]
+
+
+def test_sync_gate_chosen_in_a_variable_is_evaluated_per_micro_batch():
+    # FunASR #3472 class: the no_sync context picked with the gate inverted against the step gate
+    src = """
+    from contextlib import nullcontext
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    def train(model, loader, use_ddp, N):
+        model = DDP(model) if use_ddp else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, b in enumerate(loader):
+            ctx = nullcontext
+            if use_ddp:
+                ctx = model.no_sync if i % N != 0 else ctx
+            with ctx():
+                (model(b) / N).backward()
+            if (i + 1) % N == 0:
+                opt.step()
+                opt.zero_grad()
+    """
+    (run,) = runs(src)
+    tr = next(t for t in run.traces if t.config.get("use_ddp") is True)
+    off = [b.fwd_no_sync for b in tr.of("backward")][:4]
+    assert off == [False, True, True, True]  # micro-batch 1 syncs, the last one (before the step) does not
+    (d,) = _lint(src)
+    assert d.severity.name == "ERROR" and "`use_ddp` is set" in d.message
+    fixed = _lint(src.replace("i % N != 0", "(i + 1) % N != 0"))
+    assert fixed == []
+
+
+def test_invariant_operand_of_a_sync_condition_selects_a_configuration():
+    # open_lm class: `isinstance(model, FSDP) and ii != N` — the type test is the configuration, ii the micro-batch
+    src = """
+    from contextlib import nullcontext
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    def train(args, model, optimizer, loader):
+        for step, batch in enumerate(loader):
+            optimizer.zero_grad()
+            for ii in range(args.accum):
+                maybe = nullcontext
+                if isinstance(model, FSDP) and ii != args.accum:
+                    maybe = model.no_sync
+                with maybe():
+                    (model(batch).mean() / args.accum).backward()
+            optimizer.step()
+    """
+    (run,) = runs(src)
+    on = next(t for t in run.traces if t.config.get("isinstance(model, FSDP)") is True)
+    assert all(b.fwd_no_sync is True for b in on.of("backward"))  # ii != N holds for every ii in range(N)
+    (d,) = _lint(src)
+    assert d.severity.name == "ERROR"
+    assert _lint(src.replace("ii != args.accum:", "ii != args.accum - 1:")) == []
+    # the same right gate in a file that imports DDP: a DDP model never takes it -> a warning naming the condition
+    ddp_src = src.replace("from contextlib", "from torch.nn.parallel import DistributedDataParallel\n    from contextlib")
+    (w,) = _lint(ddp_src.replace("ii != args.accum:", "ii != args.accum - 1:"))
+    assert w.severity.name == "WARNING" and "turns sync off only when `isinstance(model, FSDP)`" in w.message
+
+
+def test_conditional_wrapping_names_its_condition_and_unknown_process_count_stays_silent():
+    ddp = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+    def train(args, model, loader):
+        if args.distributed:
+            if args.nccl:
+                model = DistributedDataParallel(model, device_ids=[args.rank])
+            else:
+                model = DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, b in enumerate(loader):
+            (model(b) / 4).backward()
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+    """
+    (d,) = _lint(ddp)
+    assert d.severity.name == "WARNING" and "(when `args.distributed`)" in d.message
+    acc = """
+    from accelerate import Accelerator
+    import torch
+    def main(model, loader):
+        accelerator = Accelerator()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+        for i, b in enumerate(loader):
+            accelerator.backward(model(b) / 4)
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+    """
+    assert _lint(acc) == []  # how many processes `accelerate launch` starts is not in the file
+    (w,) = _lint(acc, world_size=2)
+    assert w.severity.name == "WARNING" and "accelerator.no_sync(model)" in w.message
+    every = acc.replace("accelerator.backward(model(b) / 4)", "with accelerator.no_sync(model):\n"
+                        "                accelerator.backward(model(b) / 4)")
+    (e,) = _lint(every, world_size=2)  # no_sync on every micro-batch, the last one included
+    assert e.severity.name == "ERROR"
+    right = every.replace("with accelerator.no_sync(model):",
+                          "with accelerator.no_sync(model) if (i + 1) % 4 != 0 else nullcontext():")
+    assert _lint("from contextlib import nullcontext\n" + textwrap.dedent(right), world_size=2) == []
+
+
+def test_step_gate_on_a_counter_advanced_by_the_gate_stops_firing():
+    # Fabric's build-your-own-trainer class: `global_step % N == 0` where global_step += int(stepped); the closure
+    # handed to optimizer.step(partial(...)) runs the training step (its backward) before the update
+    src = """
+    from functools import partial
+    import torch
+    class Trainer:
+        def __init__(self, model, n):
+            self.model, self.n, self.global_step = model, n, 0
+            self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def load(self, state):
+            self.global_step = state["global_step"]
+        def training_step(self, batch):
+            loss = self.model(batch).mean()
+            loss.backward()
+            return loss
+        def fit(self, loader):
+            for epoch in range(3):
+                for batch_idx, batch in enumerate(loader):
+                    should_step = self.global_step % self.n == 0
+                    if should_step:
+                        self.opt.step(partial(self.training_step, batch=batch))
+                        self.opt.zero_grad()
+                    else:
+                        self.training_step(batch)
+                    self.global_step += int(should_step)
+    """
+    (run,) = runs(src)
+    fresh = next(t for t in run.traces if any(k.startswith("!when `self.global_step` starts at 0") and v
+                                              for k, v in t.config.items()))
+    assert len(fresh.effective_steps()) == 1 and len(fresh.of("backward")) == fresh.micro_batches
+    assert fresh.of("backward")[0].mb == fresh.of("step")[0].mb == 0  # the closure's backward, then the step
+    (v, tr), = run.violations("BL108")
+    assert v.data["kind"] == "stops" and "starts at 0, not resumed" in tr.config_text()
+    resumed = [t for t in run.traces if t is not fresh and t.n == fresh.n]
+    assert resumed and all(_check(t, "BL108") == [] for t in resumed)  # a resumed start stays unknown
+    good = src.replace("self.global_step % self.n == 0", "(batch_idx + 1) % self.n == 0")
+    assert all(r.violations("BL108") == [] for r in runs(good))
+
+
+def _check(tr, code):
+    from bertlint import trace as T
+
+    return T.check(tr, code)

@@ -415,3 +415,42 @@ def test_units_divided_and_multiplied_back_is_unknown():
     assert f.units_of(cst.parse_expression("t_total"), None) == "optimizer-steps"
     assert f.units_of(cst.parse_expression("micro"), None) == "unknown"
     assert f.units_of(cst.parse_expression("args.max_steps * args.gradient_accumulation_steps"), None) == "micro-batches"
+
+
+# ------------------------------------------------------------------------------------------------ the epoch's tail
+
+_EPOCH_FN = """
+import torch
+
+N = 4
+
+
+def train_one_epoch(model, loader, optimizer, steps_per_epoch):
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(loader):
+        {guard}
+        (model(x).sum() / N).backward()
+        if (i + 1) % N == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    {after}
+"""
+
+
+def test_epoch_tail_of_a_function_handed_its_optimizer():
+    src = _EPOCH_FN.format(guard="pass", after="pass")
+    assert codes(src) == [("BL107", 12)]  # the gate
+    d = next(d for d in lint_python(textwrap.dedent(src), "t.py") if d.code == "BL107")
+    assert "when `len(loader)` is not a multiple of `N` (= 4)" in d.message
+    assert "or i + 1 == len(loader)" in d.message and d.data["tail"]["kind"] == "dropped"
+
+
+def test_epoch_tail_silent_with_flush_guard_or_own_optimizer():
+    # a flush after the loop (the function is one epoch: its last statements run at each epoch's end)
+    assert codes(_EPOCH_FN.format(guard="pass", after="optimizer.step()")) == []
+    # a guard that may cut the epoch on a multiple of N (ConvNeXt's `if i // N >= steps_per_epoch: continue`)
+    assert codes(_EPOCH_FN.format(guard="if i // N >= steps_per_epoch:\n            continue", after="pass")) == []
+    # the function builds the optimizer it steps: each call is a training of its own, there is no next epoch
+    own = _EPOCH_FN.replace("    optimizer.zero_grad()\n    for",
+                            "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    for", 1)
+    assert codes(own.format(guard="pass", after="pass")) == []

@@ -141,3 +141,72 @@ def test_backward_only_no_sync_under_undecided_gate():
 def test_backward_only_silent_when_forward_itself_was_conditional():
     # the forward's own sync state on the path that reaches the gated backward is not known: stay silent
     assert not [v for v in T.check_all(_gated_no_sync_backward(False)) if v.code == "BL114"]
+
+
+# ------------------------------------------------------------------------------------------------ the epoch's tail
+
+
+def _tail_trace(zero_at_epoch_start: bool, counter_across_epochs: bool = False, flush: bool = False,
+                rescale: bool = False):
+    """Two epochs of 10 micro-batches, N = 4, backward on each, step on the window's last one."""
+    tr = loop(4, lambda *a: None, epochs=0)
+    tr.epochs, tr.epoch_len, tr.loader, tr.epochs_from = 2, 10, "loader", "loop"
+    mb = 0
+    seen = 0
+    for ep in range(2):
+        if zero_at_epoch_start:
+            tr.events.append(ev("zero_grad", 2, opt="opt", of="optimizer", text="opt.zero_grad()", mb=mb - 1,
+                                epoch=ep))
+        for i in range(10):
+            tr.events.append(ev("backward", 3, scale=T.Scale((USER,)), text="loss.backward()", mb=mb, epoch=ep))
+            seen += 1
+            k = seen if counter_across_epochs else i + 1
+            if k % 4 == 0 or (flush and i == 9):
+                if rescale:
+                    tr.events.append(ev("rescale", 4, mb=mb, epoch=ep))
+                tr.events.append(ev("step", 5, opt="opt", text="opt.step()", mb=mb, epoch=ep))
+                tr.events.append(ev("zero_grad", 6, opt="opt", of="optimizer", text="opt.zero_grad()", mb=mb,
+                                    epoch=ep))
+            mb += 1
+    return tr
+
+
+def test_epoch_tail_dropped_by_the_next_epochs_zero_grad():
+    tr = _tail_trace(zero_at_epoch_start=True)
+    vs = T.check(tr, "BL107")
+    assert [(v.event.line, v.data["kind"], v.data["tail"]) for v in vs] == [(5, "dropped", 2)]
+    assert "micro-batches 9–10" in vs[0].message and "10 micro-batches per epoch = 2×4 + 2" in vs[0].message
+    assert T.check(tr, "BL102") == []  # the epoch-start clear is the tail's mistake, not an erased window
+
+
+def test_epoch_tail_leaked_into_the_next_epochs_first_update():
+    tr = _tail_trace(zero_at_epoch_start=False)
+    vs = T.check(tr, "BL107")
+    assert [(v.data["kind"], v.data["tail"]) for v in vs] == [("leaked", 2)]
+    assert "backward ×6 (2 from epoch 1 + 4) instead of 4, each weighted 1/4" in vs[0].message
+
+
+def test_epoch_tail_not_reported_when_stepped_carried_or_unknown():
+    assert T.check(_tail_trace(False, flush=True), "BL107") == []  # `or i + 1 == len(loader)` / a flush
+    assert T.check(_tail_trace(True, flush=True), "BL107") == []
+    assert T.check(_tail_trace(False, counter_across_epochs=True), "BL107") == []  # windows stay N long
+    assert T.check(_tail_trace(False, rescale=True), "BL107") == []  # normalised by what the window holds
+    for attr, value in (("loader", "range"), ("loader", "while"), ("epochs_from", "once"), ("undecided_skip", True)):
+        tr = _tail_trace(False)
+        setattr(tr, attr, value)
+        assert T.check(tr, "BL107") == [], (attr, value)
+
+
+def test_first_window_before_the_tail_one_finding_per_loop():
+    tr = _tail_trace(False)
+    # i % N == 0 on a 0-based index: steps after micro-batches 1, 5, 9 — the first window is the finding
+    tr.events = [e for e in tr.events if e.kind == "backward"]
+    out = []
+    for b in tr.events:
+        out.append(b)
+        if (b.mb % 10) % 4 == 0:
+            out.append(ev("step", 5, opt="opt", text="opt.step()", mb=b.mb, epoch=b.epoch))
+            out.append(ev("zero_grad", 6, opt="opt", of="optimizer", mb=b.mb, epoch=b.epoch))
+    tr.events = out
+    vs = T.check(tr, "BL107")
+    assert len(vs) == 1 and "first" in vs[0].data

@@ -44,13 +44,21 @@ if ROOT not in sys.path:
 # ------------------------------------------------------------------------------------------------ loading
 
 
-def load_entries(here: str = HERE) -> tuple[list[dict], list[str]]:
-    """(entries, warnings). Each entry gets ``_source`` (the JSON file it came from)."""
+def load_entries(here: str = HERE, manifest: str | None = None) -> tuple[list[dict], list[str]]:
+    """(entries, warnings). Each entry gets ``_source`` (the JSON file it came from).
+
+    ``manifest``: read only that JSON file (e.g. the held-out ``fresh.json``) instead of the default
+    ``manifest.json`` plus every ``parts/*.json``."""
     sources = []
-    m = os.path.join(here, "manifest.json")
-    if os.path.isfile(m):
-        sources.append(m)
-    sources.extend(sorted(glob.glob(os.path.join(here, "parts", "*.json"))))
+    if manifest is not None:
+        sources.append(os.path.abspath(manifest))
+        if not os.path.isfile(sources[0]):
+            return [], [f"{manifest}: no such file"]
+    else:
+        m = os.path.join(here, "manifest.json")
+        if os.path.isfile(m):
+            sources.append(m)
+        sources.extend(sorted(glob.glob(os.path.join(here, "parts", "*.json"))))
     entries: list[dict] = []
     seen: dict[str, dict] = {}
     warnings: list[str] = []
@@ -301,12 +309,14 @@ def main(argv=None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only entries with a MISS/FP/EXTRA/problem")
     ap.add_argument("--files", default=FILES, help="folder holding the corpus files (default files/)")
+    ap.add_argument("--manifest", metavar="PATH", help="score only the entries of this JSON file (e.g. fresh.json, "
+                    "the held-out split) instead of manifest.json + parts/*.json")
     o = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
     t0 = time.perf_counter()
-    entries, warnings = load_entries()
+    entries, warnings = load_entries(manifest=o.manifest)
     for w in warnings:
         print(f"warning: {w}")
     if o.only:

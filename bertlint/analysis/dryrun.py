@@ -53,11 +53,12 @@ BUDGET = 60000  # statements + expressions evaluated per run before giving up (t
 
 
 class _Unk:
-    __slots__ = ("inv", "text")
+    __slots__ = ("inv", "text", "mod")
 
-    def __init__(self, inv: bool = False, text: str = "") -> None:
+    def __init__(self, inv: bool = False, text: str = "", mod=None) -> None:
         self.inv = inv  # loop-invariant unknown (a configuration value)
         self.text = text
+        self.mod = mod  # the modulus node when the value comes from ``x % M`` with M unknown (a gate's period)
 
     def __repr__(self) -> str:
         return f"UNK({self.text})"
@@ -124,9 +125,10 @@ _RELEVANT = frozenset({
     "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
     "unscale_", "update", "scale", "no_sync", "no_backward_sync", "accumulate", "div_", "mul_",
 })
+_SYNC_ATTRS = frozenset({"no_sync", "no_backward_sync", "require_backward_grad_sync"})
 _PURE = frozenset({"len", "isinstance", "hasattr", "getattr", "int", "str", "bool", "float", "callable", "type"})
 _BUILTINS_NUM = {"len", "int", "min", "max", "abs", "round", "sum"}
-_NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data"}
+_NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data", "shape", "dtype", "device", "ndim"}
 _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "numpy", "math",
                "tqdm", "datasets", "evaluate", "peft", "diffusers", "timm", "bitsandbytes", "sklearn", "functools",
                "apex", "fairscale", "einops", "random", "os", "sys", "time", "logging", "wandb", "collections")
@@ -198,11 +200,41 @@ class FileDryRun:
         except Exception:  # roles unavailable: the loop model's receiver table alone
             self.roles = None
         self._inside: dict = {}
+        self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
                 self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
             except RecursionError:
                 self.runs.append(LoopRun(loop, [], self))
+
+    @property
+    def sync_refs(self) -> bool:
+        """The file turns gradient sync off somewhere (``model.no_sync`` called or held in a variable,
+        ``require_backward_grad_sync`` set): a configuration that does not may still be one where the model is not
+        wrapped, so no run claims that the loop never turns sync off."""
+        v = self.__dict__.get("_sync_refs")
+        if v is None:
+            try:
+                v = any(a.attr.value in _SYNC_ATTRS for a in self.ctx.index.of(cst.Attribute))
+            except Exception:
+                v = "require_backward_grad_sync" in self.ctx.source or "no_sync" in self.ctx.source
+            self._sync_refs = v
+        return v
+
+    @property
+    def ddp_fact(self) -> Optional[tuple]:
+        """Whether the file's model runs under DistributedDataParallel, and when: ``(True, "")`` wrapped
+        unconditionally, ``(True, "when `args.distributed`")`` wrapped under a condition,
+        ``(True, "when launched with more than one process ...")`` prepared by accelerate; None: not shown."""
+        if "_ddp_fact" not in self.__dict__:
+            try:
+                self._ddp_fact = _ddp_fact(self)
+            except Exception:
+                self._ddp_fact = None
+        return self._ddp_fact
+
+    def t_assignments(self, name: str, func) -> list:
+        return self.f.t.assignments_of(name, func) or []
 
     def assigned_in(self, fn) -> frozenset:
         """The names ``fn`` assigns, computed once per function of the file (every inline of a helper asks)."""
@@ -250,11 +282,23 @@ class FileDryRun:
                         v = True
                 elif tp is cst.BinaryOperation and type(n.operator) is cst.Divide:
                     v = True
+                elif tp is cst.Attribute and n.attr.value in _SYNC_ATTRS:
+                    v = True  # a gradient-sync context chosen in a variable, DDP's sync flag set by hand
                 elif tp is cst.AugAssign and type(n.operator) is cst.DivideAssign:
                     v = True
                 if v:
                     break
             self._rel[k] = v
+        return v
+
+    def sync_branch(self, stmt) -> bool:
+        """Does the ``if`` choose DDP's gradient sync (``maybe_no_sync = model.no_sync``,
+        ``model.require_backward_grad_sync = ...``)? Only such conditions are split operand by operand
+        (``isinstance(model, FSDP) and ii != N - 1``: the configuration, then the micro-batch)."""
+        k = ("sync", id(stmt))
+        v = self._rel.get(k)
+        if v is None:
+            v = self._rel[k] = any(type(n) is cst.Attribute and n.attr.value in _SYNC_ATTRS for n in _walk(stmt))
         return v
 
     def pure_calls(self, expr) -> bool:
@@ -271,6 +315,22 @@ class FileDryRun:
         v = self._roles.get(k)
         if v is None:
             v = self._roles[k] = _role(self.f, recv, self.roles, func)
+        return v
+
+    def item_role(self, node, func) -> tuple:
+        """(kind, confident) of a subscripted receiver by roles from usage (None when unknown)."""
+        k = ("item", id(node), id(func))
+        v = self._roles.get(k)
+        if v is None:
+            v = (None, False)
+            if self.roles is not None:
+                try:
+                    kind, conf = self.roles.legacy_kind(node, func)
+                except Exception:
+                    kind, conf = None, False
+                if kind in ("optimizer", "scheduler", "scaler"):
+                    v = (kind, conf)
+            self._roles[k] = v
         return v
 
     def names_calls(self, expr) -> tuple:
@@ -343,7 +403,8 @@ def _backward_style(f, call: cst.Call) -> Optional[str]:
 
 def _run_loop(dr: FileDryRun, loop) -> list:
     f = dr.f
-    acc = _window_factor(dr, loop) or loop.accum()
+    window = _callee_window(dr, loop)
+    acc = _window_factor(dr, loop, window) or loop.accum()
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -353,11 +414,18 @@ def _run_loop(dr: FileDryRun, loop) -> list:
         ns = [(None, "none")]
     traces = []
     if ns == [(None, "none")]:
-        probe = _Runner(dr, loop, None, "", {})
-        try:
-            probe.run()
-        except (_Split, _Abort, RecursionError):
-            pass
+        cfg: dict = {}
+        for _ in range(MAX_SPLITS + 1):
+            probe = _Runner(dr, loop, None, "", cfg, window)
+            try:
+                probe.run()
+            except _Split as sp:
+                if not probe.n_candidates and len(cfg) < MAX_SPLITS:
+                    cfg = {**cfg, sp.key: True}  # look for N in one configuration, then run them all with it
+                    continue
+            except (_Abort, RecursionError):
+                pass
+            break
         if probe.n_candidates:
             v, text = probe.n_candidates[0]
             n_text = text
@@ -369,7 +437,7 @@ def _run_loop(dr: FileDryRun, loop) -> list:
         done = 0
         while pending and done < 2 ** MAX_SPLITS:
             cfg = pending.pop(0)
-            r = _Runner(dr, loop, n, n_text, cfg)
+            r = _Runner(dr, loop, n, n_text, cfg, window)
             try:
                 tr = r.run()
             except _Split as s:
@@ -390,16 +458,25 @@ def _run_loop(dr: FileDryRun, loop) -> list:
 
 
 class ManualStep:
-    """A LightningModule's ``training_step`` under manual optimization (``self.automatic_optimization = False``),
-    seen as the body of Lightning's micro-batch loop (the shape of ``loops.TrainingLoop`` the dry run reads)."""
+    """A function some driver calls once per micro-batch, seen as the body of that driver's micro-batch loop (the
+    shape of ``loops.TrainingLoop`` the dry run reads). ``kind``:
 
-    def __init__(self, dr, func, cls) -> None:
+    - ``"lightning"``: a LightningModule's ``training_step`` under manual optimization
+      (``self.automatic_optimization = False``), called as ``training_step(batch, batch_idx)``;
+    - ``"ignite"``: the process function handed to ignite's ``Engine(update)``, called as ``update(engine, batch)``
+      once per iteration, ``engine.state.iteration`` counting from 1 over the whole run;
+    - ``"method"``: a method that backpropagates, steps and keeps its own micro-batch counter on ``self``
+      (``self.n_accumulated += 1; if self.n_accumulated >= self.accum_iters: step``) and that no loop of the file
+      calls: whoever drives it calls it once per micro-batch (the counter says so)."""
+
+    def __init__(self, dr, func, cls, kind: str = "lightning") -> None:
         self.node = func
         self.func = func
         self.cls = cls
+        self.kind = kind
         self.outer: list = []
         self.window_of = None
-        self.owner = "lightning-manual"
+        self.owner = "lightning-manual" if kind == "lightning" else "plain"
         self.index = None
         self.callees: list = []
         from bertlint.analysis.loops import _assigned_names
@@ -410,12 +487,21 @@ class ManualStep:
     def accum(self):
         """The modulus of the step gate (``(batch_idx + 1) % self.accumulate_grad_batches == 0``)."""
         f = self._dr.f
+        later = []
         for n in _walk(self.func.body):
             if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo:
                 m = n.right
                 if ACCUM_RE.search(self._dr.code(m)):
                     return f.factor(m, "gate", self.func)
-        return None
+            elif self.kind == "method" and type(n) is cst.Comparison and len(n.comparisons) == 1 and \
+                    type(n.comparisons[0].operator) in (cst.GreaterThanEqual, cst.Equal):
+                m = n.comparisons[0].comparator  # ``self.n_accumulated >= self.accum_iters``
+                if ACCUM_RE.search(self._dr.code(m)):
+                    later.append(m)
+            elif self.kind == "method" and type(n) is cst.BinaryOperation and type(n.operator) is cst.Divide:
+                if ACCUM_RE.search(self._dr.code(n.right)):
+                    later.append(n.right)
+        return f.factor(later[0], "gate", self.func) if later else None
 
 
 def _manual_steps(dr) -> list:
@@ -439,6 +525,91 @@ def _manual_steps(dr) -> list:
         if "manual_backward" not in dr.code(meth):
             continue
         out.append(ManualStep(dr, meth, cls))
+    out.extend(_ignite_steps(dr))
+    out.extend(_counter_methods(dr, {id(m.func) for m in out}))
+    return out
+
+
+def _steps_somewhere(dr, fn, cls) -> bool:
+    """``fn`` (or a same-file function it calls) steps an optimizer or a scaler (by the call's shape: the roles
+    decide in the run)."""
+    seen: set = set()
+    stack = [(fn, cls, 0)]
+    while stack:
+        g, c, d = stack.pop()
+        if id(g) in seen or d > 3:
+            continue
+        seen.add(id(g))
+        for n in _walk(g.body):
+            if type(n) is cst.Call:
+                if isinstance(n.func, cst.Attribute) and n.func.attr.value == "step":
+                    return True
+                h = dr.f.callee(n, g, c)
+                if h is not None:
+                    stack.append((h, dr.f.class_of(h) or c, d + 1))
+    return False
+
+
+def _ignite_steps(dr) -> list:
+    """Process functions handed to ignite's ``Engine(fn)`` that backpropagate and step."""
+    out = []
+    f = dr.f
+    for call, name, func in f.t.calls:
+        if name.split(".")[-1] != "Engine" or not (f.t.qualname(call.func) or "").startswith("ignite"):
+            continue
+        a0 = positional(call, 0)
+        if not isinstance(a0, cst.Name):
+            continue
+        fn = dr.local_defs(func).get(a0.value) if func is not None else None
+        if fn is None:
+            defs = f.c.module_funcs.get(a0.value, [])
+            fn = defs[0] if len(defs) == 1 else None
+        if fn is None or len(fn.params.params) < 2:
+            continue
+        if not f._has_backward(fn.body, None, 0, set()) or not _steps_somewhere(dr, fn, None):
+            continue
+        if any(m.func is fn for m in out):
+            continue
+        out.append(ManualStep(dr, fn, None, "ignite"))
+    return out
+
+
+def _counter_methods(dr, taken: set) -> list:
+    """Methods that keep their own micro-batch counter on ``self`` and gate the step on it, called by no loop of
+    this file (see :class:`ManualStep`)."""
+    out = []
+    f = dr.f
+    called = set()
+    for lp in f:
+        called.update(id(c) for c in lp.callees)
+    stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+    for cname, meths in f.c.class_methods.items():
+        cls = f.t.classes.get(cname)
+        for mname, fn in meths.items():
+            if id(fn) in taken or id(fn) in called or id(fn) in stepping or mname.startswith("__"):
+                continue
+            counters = set()
+            for n in _walk(fn.body):
+                if type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign:
+                    d = dotted(n.target)
+                    if d is not None and d.startswith("self.") and d.count(".") == 1:
+                        counters.add(d)
+            if not counters:
+                continue
+            gated = False
+            for n in _walk(fn.body):
+                if type(n) in (cst.If, cst.Assign):
+                    part = n.test if type(n) is cst.If else n.value
+                    if type(part) in (cst.Comparison, cst.BooleanOperation) or type(n) is cst.If:
+                        names = set(_names(part))
+                        if names & counters:
+                            gated = True
+                            break
+            if not gated:
+                continue
+            if not f._has_backward(fn.body, cls, 0, set()) or not _steps_somewhere(dr, fn, cls):
+                continue
+            out.append(ManualStep(dr, fn, cls, "method"))
     return out
 
 
@@ -454,9 +625,10 @@ def _compares(dr, loop, n_text: str) -> bool:
     return False
 
 
-def _window_factor(dr, loop):
-    """``for micro in range(N)`` / ``range(1, N + 1)`` inside the step loop: N is the window's length."""
-    w = loop.window_of
+def _window_factor(dr, loop, window=None):
+    """``for micro in range(N)`` / ``range(1, N + 1)`` inside the step loop: N is the window's length;
+    ``range(0, B, m)`` (a batch split into chunks of ``m``): N is the number of chunks, ``ceil(B / m)``."""
+    w = loop.window_of if loop.window_of is not None else window
     if not isinstance(w, cst.For) or not isinstance(w.iter, cst.Call) or call_name(w.iter) != "range":
         return None
     args = [a.value for a in w.iter.args if a.keyword is None]
@@ -466,9 +638,36 @@ def _window_factor(dr, loop):
     elif len(args) == 2 and literal(args[0]) == 1 and isinstance(args[1], cst.BinaryOperation) and \
             isinstance(args[1].operator, cst.Add) and literal(args[1].right) == 1:
         expr = args[1].left
+    elif len(args) == 3 and literal(args[0]) == 0:
+        from bertlint.analysis.loops import AccumFactor
+
+        func = window_func = None
+        for lp in dr.f:
+            if lp.node is w:
+                window_func = lp.func
+        func = window_func or loop.func
+        b, m = dr.f.int_value(args[1], func), dr.f.int_value(args[2], func)
+        value = -(-b // m) if b is not None and m else None
+        return AccumFactor(f"math.ceil({dr.code(args[1])} / {dr.code(args[2])})", value, "window")
     if expr is None:
         return None
     return dr.f.factor(expr, "window", loop.func)
+
+
+def _callee_window(dr, loop):
+    """The micro-batch loop of a step loop that lives in a helper it calls (``run_step()`` ->
+    ``forward_backward()``: ``for i in range(0, batch.shape[0], self.microbatch): ... loss.backward()``, then the
+    step back in the caller): the one training loop of a same-file callee that runs backwards and never steps, while
+    the caller steps. None when the caller has its own window loop or there is not exactly one such loop."""
+    if loop.window_of is not None or isinstance(loop, ManualStep) or not loop.callees:
+        return None
+    if not loop.of("opt_step", "scaler_step"):
+        return None
+    ids = {id(fn) for fn in loop.callees}
+    found = [lp for lp in dr.f if lp is not loop and lp.func is not None and id(lp.func) in ids and not lp.outer
+             and lp.window_of is None and isinstance(lp.node, cst.For) and lp.backwards
+             and not lp.of("opt_step", "scaler_step", "engine_step")]
+    return found[0].node if len(found) == 1 else None
 
 
 class _Frame:
@@ -483,7 +682,7 @@ class _Frame:
 
 
 class _Runner:
-    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict) -> None:
+    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict, window=None) -> None:
         self.dr = dr
         self.f = dr.f
         self.t = dr.f.t
@@ -491,7 +690,7 @@ class _Runner:
         self.n = n
         self.n_text = n_text
         self.config = config
-        self.micro = loop.window_of if loop.window_of is not None else loop.node
+        self.micro = loop.window_of if loop.window_of is not None else (window if window is not None else loop.node)
         self.length = (2 * n + 2) if n and n > 1 else 4
         self.trace = T.Trace(n=n, n_text=n_text or "N", config=dict(config), owner=loop.owner,
                              epoch_len=None, line=0)
@@ -510,6 +709,8 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
+        self._last_mod = None
         self.site = None
         self.no_grad = 0
         self.alias_depth = 0
@@ -531,6 +732,8 @@ class _Runner:
         self.loop_names = loop.assigned or set()
         self.local_defs = dr.local_defs(loop.func)
         self.acc_n = self._accelerator_n()
+        self.cfg_exprs: dict = {}  # configuration key -> the condition expression it was read from
+        self.n_ncall = bool(n_text) and ".get(" in n_text  # N spelled as a dict lookup call
 
     # ------------------------------------------------------------------ facts
     def _accelerator_n(self):
@@ -572,15 +775,80 @@ class _Runner:
                         self._simple_line(stmt, frame, prefix=True)
             if self._exec_loop(outermost, frame, chain, 0) == "return" and not passes:
                 break
+            if passes == 2:
+                self._after_loop(path, frame)
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
+        self.trace.epochs_from = "loop" if passes == 1 else self._reentry(loop)
         # any gradient-sync control anywhere in the file (another configuration may use it): no claim that the
         # loop never turns sync off
         self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
-            self.f.no_sync_used or "require_backward_grad_sync" in self.dr.ctx.source
-        self.trace.ddp = True if (self.f.ddp_calls or self.f.ddp_wrapped) else None
+            self.f.no_sync_used or self.dr.sync_refs
+        fact = self.dr.ddp_fact
+        self.trace.ddp = True if (fact is not None or self.f.ddp_wrapped) else None
+        self.trace.ddp_when = fact[1] if fact is not None else ""
+        if fact is not None and fact[2] == "launch" and self.acc_used:
+            self.trace.ddp, self.trace.ddp_when = None, ""  # accumulate() owns the sync of the prepared model
+        ran_off = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events)
+        if not ran_off and self.trace.sync_control:
+            gate = self._fsdp_only_gate()
+            if gate is not None:
+                # the file turns sync off only for an FSDP model (``if isinstance(model, FSDP) and ...``); this
+                # configuration is the other one, where a DistributedDataParallel model (the file imports it)
+                # all-reduces on every micro-batch
+                self.trace.sync_control = False
+                self.trace.ddp = True
+                self.trace.ddp_when = (f"when the model is a `DistributedDataParallel` (the file imports it, and "
+                                       f"turns sync off only when `{gate}`)")
         self.trace.owner = self._owner()
         return self.trace
+
+    def _reentry(self, loop) -> str:
+        """No epoch loop around the training loop: ``call`` when its function may be called once per epoch with the
+        same optimizer, ``once`` when the loop runs once per run (module level, or its function builds the optimizer
+        it steps: each call is a training of its own)."""
+        fn = loop.func
+        if fn is None:
+            return "once"
+        opts = {e.opt or e.target for e in self.trace.events if e.kind == "step"}
+        for n in _walk(fn.body):
+            if type(n) is cst.Assign and type(n.value) is cst.Call:
+                for t in n.targets:
+                    if any(nm in opts for nm in _target_names(t.target)):
+                        return "once"
+        return "call"
+
+    def _after_loop(self, path, frame) -> None:
+        """No epoch loop around the training loop (its function is one epoch): the statements after the loop, up to
+        a ``return``, run at the end of each epoch (a flush of the last partial window: ``if (i + 1) % N:
+        optimizer.step()``). Statements holding a loop or a definition are skipped (another loop has its own trace)."""
+        self.trace.after_loop = True
+        for block, idx in reversed(path):
+            for stmt in block[idx + 1:]:
+                if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or any(
+                        isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.Lambda)) for n in _walk(stmt)):
+                    continue
+                if self._stmt(stmt, frame, None, 0) is not None:
+                    return
+
+    def _fsdp_only_gate(self) -> Optional[str]:
+        """The configuration condition ``isinstance(x, FSDP)`` this run took as false, when the file imports
+        torch's DistributedDataParallel (so the model may be one) and the test names no DDP class."""
+        imps = self.t.imports.values()
+        if not any(q.endswith("DistributedDataParallel") and "FullySharded" not in q for q in imps):
+            return None
+        for key, val in self.config.items():
+            expr = self.cfg_exprs.get(key)
+            if val is not False or not isinstance(expr, cst.Call) or call_name(expr) != "isinstance":
+                continue
+            cls = positional(expr, 1)
+            if cls is None:
+                continue
+            elems = [e.value for e in cls.elements] if isinstance(cls, cst.Tuple) else [cls]
+            qs = [self.t.qualname(e) or "" for e in elems]
+            if qs and all(q.endswith("FullyShardedDataParallel") for q in qs):
+                return key
+        return None
 
     def _owner(self) -> str:
         """Who owns accumulation in this run (a configuration may take the DeepSpeed arm or the plain one)."""
@@ -606,9 +874,11 @@ class _Runner:
         """Lightning manual optimization: Lightning's own loop calls ``training_step(batch, batch_idx)`` once per
         micro-batch; the body is run with ``batch_idx`` counting from 0 in each epoch."""
         fn = self.loop.func
+        kind = getattr(self.loop, "kind", "lightning")
         self._outermost = fn
         params = [p.name.value for p in fn.params.params]
-        idx_name = params[2] if len(params) > 2 else None
+        idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
+        first = 1 if kind in ("lightning", "method") and params and params[0] in ("self", "cls") else 0
         self.in_micro += 1
         for ep in range(2):
             self.epoch = ep
@@ -616,16 +886,29 @@ class _Runner:
                 self.mb += 1
                 self.last_iter = k == self.length - 1
                 frame = _Frame(fn, self.loop.cls, 0)
-                for nm in params[1:]:
+                for nm in params[first:]:
                     frame.locals[nm] = UNK
                 if idx_name:
                     frame.locals[idx_name] = Num(k)
-                self._block(_body(fn.body), frame)
+                if kind == "ignite" and params:
+                    # ignite's State: iteration counts from 1 over the whole run, epoch from 1
+                    frame.locals[params[0] + ".state.iteration"] = Num(self.mb + 1)
+                    frame.locals[params[0] + ".state.epoch"] = Num(ep + 1)
+                if self._block(_body(fn.body), frame) == "break" and kind != "lightning":
+                    pass
         self.in_micro -= 1
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
-        self.trace.owner = "lightning-manual"
-        self.trace.sync_control = True
+        if kind in ("lightning", "method"):
+            # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
+            # the call: no claim that it never does
+            self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()
+            self.trace.sync_control = True
+        else:
+            self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
+                self.f.no_sync_used or "require_backward_grad_sync" in self.dr.ctx.source
+            self.trace.ddp = True if (self.f.ddp_calls or self.f.ddp_wrapped) else None
+            self.trace.owner = self._owner()
         return self.trace
 
     def tick(self, k: int = 1) -> None:
@@ -662,8 +945,8 @@ class _Runner:
             if is_micro:
                 self.mb += 1
                 self.last_iter = k == len(values) - 1
-            elif level == 0 and k > 0 and node is chain[0] and len(chain) > 1:
-                self.epoch += 1
+            elif k > 0 and len(chain) > 1 and level == len(chain) - 2 and node is chain[level]:
+                self.epoch += 1  # the loop right around the training loop re-enters it: a new epoch
             if isinstance(node, cst.While):
                 c = self.truth(node.test, frame)
                 if c is False:
@@ -679,12 +962,12 @@ class _Runner:
                 return "return"
             if self.mb >= 4 * self.length + 8:
                 break
-        if is_micro and chain[0] is node:
-            pass
         return None
 
     def _iter_values(self, node, frame, count: int, is_micro: bool) -> Optional[list]:
         """Values bound to the loop target per iteration (None: unknown), at most ``count``."""
+        if is_micro:
+            self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
             return [None] * count
         it = _unwrap_iter(node.iter)
@@ -711,14 +994,46 @@ class _Runner:
                 s = ints[2] if len(ints) > 2 else 1
             else:
                 return [None] * count
+            window = is_micro and node is not self.loop.node
+            if window and self.n and (b is None or s in (None, 0)):
+                count = self.n  # a window loop of unknown bounds runs N times (N: its own iteration count)
             if a is None:
                 return [("idx", None)] * count
             if b is None or s in (None, 0):
+                if s is None and len(ints) > 2:
+                    return [("idx", a if k == 0 else None) for k in range(count)]
                 return [("idx", a + k * (s or 1)) for k in range(count)]
             vals = list(range(a, b, s))[:count if not is_micro or node is not self.loop.window_of else 64]
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _loader_kind(self, node, frame) -> str:
+        """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
+        known to the dry run), ``range`` (a range of steps: how it relates to an epoch is not known), ``while``."""
+        if not isinstance(node, cst.For):
+            return "while"
+        it = _unwrap_iter(node.iter)
+        if isinstance(it, cst.Call) and call_name(it) == "enumerate":
+            tgt = node.target
+            if isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements and isinstance(tgt.elements[0].value, cst.Name):
+                self.trace.index_text = tgt.elements[0].value.value
+            it = positional(it, 0)
+            it = _unwrap_iter(it) if isinstance(it, cst.Call) else it
+        if isinstance(it, cst.Call) and call_name(it) == "range":
+            args = [a.value for a in it.args if a.keyword is None]
+            if len(args) == 1 and isinstance(args[0], cst.Call) and call_name(args[0]) == "len" and args[0].args:
+                ld = args[0].args[0].value
+                if isinstance(ld, (cst.Name, cst.Attribute)):
+                    self.trace.loader_text = self.dr.code(ld)
+                return "loader"
+            return "range"
+        ld = it
+        while isinstance(ld, cst.Call) and ld.args:
+            ld = ld.args[0].value
+        if isinstance(ld, (cst.Name, cst.Attribute)):
+            self.trace.loader_text = self.dr.code(ld)
+        return "loader"
 
     def _bind(self, target, bind, frame) -> None:
         if bind is None or bind is UNK:
@@ -792,7 +1107,7 @@ class _Runner:
 
     def _inner_loop(self, stmt, frame) -> Optional[str]:
         """A loop that is not the micro-batch loop (over parameters, optimizers, tasks): its body runs once."""
-        if id(stmt) in self.train_nodes:
+        if id(stmt) in self.train_nodes and (not isinstance(self.loop, ManualStep) or id(stmt) in self.dr.stepping):
             # this loop only drives another training loop (``for epoch ...: train_one_epoch()``): that loop has
             # its own trace
             self.trace.complete = False
@@ -808,7 +1123,8 @@ class _Runner:
         return None
 
     def _if(self, stmt, frame, chain, level) -> Optional[str]:
-        c = self.truth(stmt.test, frame, split=self.dr.relevant_branch(stmt, self.f))
+        rel = self.dr.relevant_branch(stmt, self.f)
+        c = self.truth(stmt.test, frame, split=rel, split_parts=rel and self.dr.sync_branch(stmt))
         line = 0
         if c is True:
             self.conds.append((line, stmt.test))
@@ -826,15 +1142,26 @@ class _Runner:
                 return self._block(_body(stmt.orelse.body), frame, chain, level)
             finally:
                 self.conds.pop()
-        # undecidable and varying: both arms, uncertain; their terminators are assumed not taken, and a value
-        # either arm changes is unknown afterwards (unless both leave the same loss scale)
+        # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
+        # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
+        # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
+        if self.in_micro and not self.trace.undecided_skip and _skips(stmt):
+            self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
+        mod = self._last_mod if self.n is None else None
+        first_ev = len(self.trace.events)
         saved = self.certain
         self.certain = False
         self.conds.append((line, stmt.test))
         before_l, before_s = dict(frame.locals), dict(self.shared)
         self.store_logs.append(set())
+        arm1 = None
         try:
             self._block(_body(stmt.body), frame, chain, level)
+            stored1 = self.store_logs.pop()
+            arm1 = (dict(frame.locals), dict(self.shared), stored1)
+            self.store_logs.append(set())
+            _restore(frame.locals, before_l)
+            _restore(self.shared, before_s)
             if stmt.orelse is not None:
                 if isinstance(stmt.orelse, cst.If):
                     self._if(stmt.orelse, frame, chain, level)
@@ -844,11 +1171,39 @@ class _Runner:
             self.certain = saved
             self.conds.pop()
             stored = self.store_logs.pop()
+            if arm1 is not None:
+                _merge_arms(frame.locals, before_l, arm1[0], arm1[2], stored)
+                _merge_arms(self.shared, before_s, arm1[1], arm1[2], stored)
+                stored = stored | arm1[2]
+            else:
+                _merge(frame.locals, before_l, stored)
+                _merge(self.shared, before_s, stored)
             if self.store_logs:
                 self.store_logs[-1] |= stored
-            _merge(frame.locals, before_l, stored)
-            _merge(self.shared, before_s, stored)
+        if mod is not None:
+            self._period_gate(mod, self.trace.events[first_ev:], frame)
         return None
+
+    def _period_gate(self, mod, arm_events: list, frame) -> None:
+        """Roles from usage: a condition ``x % M ...`` (M unknown, any name) that gates an optimizer step makes M
+        the accumulation factor when the loss is also divided by M, or when it is the loop's only optimizer and no
+        backward runs under the gate (one backward per micro-batch, the step every M-th: a WGAN's generator, whose
+        backward runs with its step under ``i % n_critic == 0``, is not accumulation)."""
+        steps = [e for e in arm_events if e.kind == "step"]
+        if not steps:
+            return
+        text = self.dr.code(mod)
+        if any(t == text for _v, t in self.n_candidates):
+            return
+        divided = text in self.divisors
+        if not divided:
+            if any(e.kind == "backward" for e in arm_events):
+                return
+            opts = {e.opt for e in self.trace.events if e.kind == "step"}
+            if len(opts) != 1 or not any(e.kind == "backward" for e in self.trace.events):
+                return
+        v = self._resolved(mod, frame)
+        self.n_candidates.append((v.v if isinstance(v, Num) and v.v is not None and v.v > 1 else None, text))
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
         acc = nosync = False
@@ -874,6 +1229,16 @@ class _Runner:
                         self.ev(a.value, frame)
                     continue
             v = self.ev(e, frame)
+            if isinstance(e, cst.Call) and item.asname is not None and \
+                    isinstance(positional(e, 0), (cst.Name, cst.Attribute, cst.Subscript)):
+                # a context manager handed the loss yields a loss (apex ``with amp.scale_loss(loss, opt) as
+                # scaled:`` — the loss times the loss scale); another one: its factors times an unknown one
+                a0 = self.ev(positional(e, 0), frame)
+                if isinstance(a0, Tensor) and a0.scale is not None:
+                    nm = (call_name(e) or "").split(".")[-1]
+                    fac = T.Factor(T.SCALER, "apex amp loss scale") if nm == "scale_loss" else \
+                        T.Factor(T.OTHER, self.dr.code(e.func) + "()")
+                    v = Tensor(a0.scale.times(fac), a0.graph, a0.node, a0.since)
             if isinstance(v, _CtxFn) and v.kind == "no_sync":
                 nosync = True
                 self.emit("no_sync", e, target=v.text)
@@ -922,7 +1287,8 @@ class _Runner:
         self._stmt_node = stmt
         for small in stmt.body:
             tp = type(small)
-            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]):
+            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]) \
+                    and not _zero_grad_call(small):
                 continue
             if tp is cst.Expr:
                 self.ev(small.value, frame)
@@ -967,8 +1333,10 @@ class _Runner:
         shared with the helpers it is handed to)."""
         out = DictVal()
         for el in d.elements:
-            if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString):
-                out.slots[el.key.value[1:-1]] = self.ev(el.value, frame)
+            if isinstance(el, cst.DictElement):
+                v = self.ev(el.value, frame)
+                if isinstance(el.key, cst.SimpleString):
+                    out.slots[el.key.value[1:-1]] = v
         return out
 
     def _assign(self, target, v, frame) -> None:
@@ -1095,7 +1463,37 @@ class _Runner:
             v = vals.pop()
             if v is not None:
                 return Num(v)
+        elif len(vals) == 2 and None in vals and name.startswith("self.") and self._advances_on_condition(name):
+            # ``self.global_step = 0`` in ``__init__`` and ``= state["global_step"]`` when resuming: a fresh run
+            # and a resumed one are two configurations (the resumed start stays unknown)
+            v = next(x for x in vals if x is not None)
+            key = f"!when `{name}` starts at {v}, not resumed from a checkpoint"
+            if key in self.config:
+                return Num(v) if self.config[key] else None
+            if len(self.config) < MAX_SPLITS:
+                raise _Split(key)
         return None
+
+    def _advances_on_condition(self, name: str) -> bool:
+        """The loop advances the counter only when something holds (``self.global_step += int(stepped)``, or
+        ``+= 1`` under an ``if``): whether it starts at its literal value (a fresh run) or a resumed one then
+        decides every later gate, so the two are run as configurations."""
+        if self._outermost is None:
+            return False
+        inside = self.dr.inside(self._outermost)
+        idx = self.dr.ctx.index
+        for node, _func in self.t.aug_assigns.get(name, []):
+            if id(node) not in inside:
+                continue
+            v = node.value
+            if isinstance(v, cst.Call) and call_name(v) == "int":
+                return True
+            for p in idx.ancestors(node):
+                if p is self._outermost:
+                    break
+                if type(p) is cst.If:
+                    return True
+        return False
 
     # ------------------------------------------------------------------ expressions
     def _int(self, v) -> Optional[int]:
@@ -1105,8 +1503,9 @@ class _Runner:
             return int(v)
         return None
 
-    def truth(self, expr, frame, split: bool = False) -> Optional[bool]:
+    def truth(self, expr, frame, split: bool = False, split_parts: bool = False) -> Optional[bool]:
         v = self.ev(expr, frame)
+        self._last_mod = v.mod if isinstance(v, _Unk) else None
         if isinstance(v, bool):
             return v
         if v is None:
@@ -1116,10 +1515,36 @@ class _Runner:
                 return v.v != 0
         if split and self._invariant_expr(expr):
             return self._config(expr, frame)
+        if split_parts and type(expr) is cst.BooleanOperation:
+            return self._bool_split(expr, frame)
         return None
+
+    def _bool_split(self, expr, frame) -> Optional[bool]:
+        """``isinstance(model, FSDP) and ii != N - 1``: an operand that does not change inside the loop selects a
+        configuration (the run splits on it), the one that does is evaluated on each micro-batch; three-valued
+        ``and`` / ``or`` (None: undecided)."""
+        is_and = isinstance(expr.operator, cst.And)
+        a = self._part_truth(expr.left, frame)
+        if a is (not is_and):
+            return a
+        b = self._part_truth(expr.right, frame)
+        if b is (not is_and):
+            return b
+        if a is None or b is None:
+            return None
+        return is_and
+
+    def _part_truth(self, e, frame) -> Optional[bool]:
+        if type(e) is cst.BooleanOperation:
+            return self._bool_split(e, frame)
+        t = _tv(self.ev(e, frame))
+        if t is None and self._invariant_expr(e):
+            return self._config(e, frame)
+        return t
 
     def _config(self, expr, frame) -> Optional[bool]:
         key, pol = _cond_key(expr)
+        self.cfg_exprs[key] = expr
         if key in self.config:
             return self.config[key] == pol
         if len(self.config) >= MAX_SPLITS:
@@ -1251,10 +1676,7 @@ class _Runner:
         if tp in (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString):
             return UNK
         if tp is cst.Dict:
-            for el in e.elements:
-                if isinstance(el, cst.DictElement):
-                    self.ev(el.value, frame)
-            return UNK
+            return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
@@ -1279,11 +1701,18 @@ class _Runner:
             text = b.text or self.dr.code(right_node)
             if ACCUM_RE.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
                 self.n_candidates.append((b.v if isinstance(b, Num) else None, self.dr.code(right_node)))
+        if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
+            self.divisors.add(self.dr.code(right_node))  # a loss (or a value the run could not type) divided by it
         r = self._binop2(op, a, b, right_node, whole)
         if isinstance(r, Tensor):
             spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
             if spans:
                 r.since = min(spans) if r.since is None else min(min(spans), r.since)
+        elif (op is cst.Modulo and self.n is None and right_node is not None and isinstance(r, _Unk)
+              and not isinstance(a, Tensor) and not (isinstance(b, Num) and b.v is not None and b.v <= 1)):
+            # a period whose value is unknown: if it gates an optimizer step, it is the accumulation factor by
+            # usage, whatever its name (see _if)
+            return _Unk(r.inv, r.text, mod=right_node)
         return r
 
     def _binop2(self, op, a, b, right_node, whole=None):
@@ -1293,7 +1722,16 @@ class _Runner:
             if op is cst.Multiply:
                 t, o = (a, b) if isinstance(a, Tensor) else (b, a)
                 if isinstance(o, Tensor):
-                    return Tensor(None, True)
+                    # a product of two tensors (``losses["loss"] * weights``, ``logp * mask``): the factors of both
+                    # survive (a ``1/N`` in either stays a ``1/N``); the other tensor is a weight of unknown value,
+                    # independent of N when nothing N-dependent went into it
+                    if t.scale is None or o.scale is None:
+                        return Tensor(None, True, self._fwd_node(a, b))
+                    other = right_node if t is a else (whole.left if whole is not None else None)
+                    txt = self.dr.code(other) if other is not None else "a tensor"
+                    kind = T.WEIGHT if o.scale.n_free else T.OTHER
+                    sc = T.Scale(t.scale.factors + o.scale.factors).times(T.Factor(kind, txt))
+                    return Tensor(sc, t.graph or o.graph, self._fwd_node(a, b))
                 rn = right_node if t is a else (whole.left if whole is not None else None)
                 return Tensor(_times(t.scale, self._factor(o, rn, 1, whole)), t.graph, t.node)
             if op in (cst.Add, cst.Subtract):
@@ -1337,9 +1775,17 @@ class _Runner:
             return _Unk(True, b.text)
         return UNK
 
+    def _fwd_node(self, a: "Tensor", b: "Tensor"):
+        """Of two graphs combined, the one whose forward the run recorded (DDP decides sync at that forward)."""
+        for x in (a, b):
+            if x.node is not None and id(x.node) in self.fwd_ns:
+                return x.node
+        return a.node if a.node is not None else b.node
+
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
         if self.n is None and power < 0 and isinstance(v, (Num, _Unk)):
+            self.divisors.add(text)
             # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
             # expression (through arguments and variables) is one; the loop is run again with it
             src = v.text or text
@@ -1378,10 +1824,17 @@ class _Runner:
         recv = dotted(recv_node) if recv_node is not None else None
         name = call_name(call) or ""
         q = self.t.qualname(func) or ""
+        if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
+            return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
+        if recv is None and type(recv_node) is cst.Subscript:
+            # ``self.optimizer[name].step()``: an item of a container the file fills with optimizers
+            rkind, conf = self.dr.item_role(recv_node, frame.func)
+            if rkind is not None:
+                recv = self.dr.code(recv_node)
         # arguments first (calls inside them run first)
         argv = []
         if attr not in ("step",) or rkind not in ("optimizer", "ds_optimizer"):
@@ -1402,6 +1855,16 @@ class _Runner:
                 fn = self._closure(clo, frame)
                 if fn is not None:
                     self._inline(fn, [], {}, frame, None)
+                elif isinstance(clo, cst.Call) and (call_name(clo) or "").split(".")[-1] == "partial" and clo.args \
+                        and clo.args[0].keyword is None and not clo.args[0].star:
+                    # ``optimizer.step(partial(self.training_step, model=model, batch=batch))``: the closure is
+                    # the bound function, run by the step before it updates
+                    bound = cst.Call(func=clo.args[0].value, args=list(clo.args[1:]))
+                    fn = self._callee(bound, frame)
+                    if fn is not None and frame.depth < 4:
+                        argv = [self.ev(a.value, frame) for a in bound.args]
+                        args, kws = self._args(bound, frame, argv)
+                        self._inline(fn, args, kws, frame, bound)
             eff, why = self._prepared_effect(recv)
             self.emit("step", call, opt=recv or "", effective=eff, why=why, confident=conf)
             return UNK
@@ -1451,7 +1914,8 @@ class _Runner:
         if attr in ("no_sync", "no_backward_sync"):
             self.sync_control = True
             return _CtxFn("no_sync", self.dr.code(call))
-        if attr in ("div_", "mul_") and recv is not None and ".grad" in recv:
+        if attr in ("div_", "mul_") and recv_node is not None and (
+                ".grad" in (recv if recv is not None else self.dr.code(recv_node))):
             self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
             return UNK
         if isinstance(func, cst.Name):
@@ -1461,7 +1925,10 @@ class _Runner:
         # same-file functions and methods: inlined
         fn = self._callee(call, frame)
         if fn is not None:
-            if frame.depth < 4 and f.relevant(fn, f.class_of(fn) or frame.cls):
+            if frame.depth < 4 and (f.relevant(fn, f.class_of(fn) or frame.cls) or
+                                    any(isinstance(a, DictVal) for a in argv)):
+                # (a helper handed a dict the run follows may fill it: ``forward_step(model, batch, loss_dict)``
+                # stores the loss, and where its forward ran, for the backward of another helper)
                 args, kws = self._args(call, frame, argv)
                 return self._inline(fn, args, kws, frame, call)
             return Tensor(T.Scale(), True, call)
@@ -1477,6 +1944,8 @@ class _Runner:
                     return Num(None)
                 if nm == "int" and argv and isinstance(argv[0], Num):
                     return argv[0]
+                if nm == "int" and argv and isinstance(argv[0], bool):
+                    return Num(int(argv[0]))
                 if nm in ("min", "max") and argv and all(isinstance(a, Num) and a.v is not None for a in argv):
                     vals = [a.v for a in argv]
                     return Num(min(vals) if nm == "min" else max(vals))
@@ -1489,6 +1958,7 @@ class _Runner:
                 return UNK
             imp = self.t.imports.get(nm)
             if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS:
+                self._unknown_grad_helper(call, frame)
                 # a function from another module of the project: it may scale the loss itself, but only by what it
                 # is given — handed no accumulation factor (nor a config object that may hold one), its result
                 # does not depend on N
@@ -1511,6 +1981,7 @@ class _Runner:
                 head = recv.split(".")[0]
                 imp = self.t.imports.get(head)
                 if imp is not None and not imp.split(".")[0] in _KNOWN_LIBS and head == recv:
+                    self._unknown_grad_helper(call, frame)
                     return Tensor(T.Scale((T.Factor(T.OTHER, f"{recv}.{attr}()"),)), True, call)
             if attr in ("item", "detach", "tolist", "numpy", "cpu", "get", "items", "keys", "values", "append",
                         "format", "join", "split", "log", "info", "warning", "write", "add_scalar", "update",
@@ -1521,6 +1992,43 @@ class _Runner:
             return self._fresh(call)
         return UNK
 
+    def _ds_config_n(self, scale, frame) -> Optional[str]:
+        """The text of a user ``/ N`` whose N is read from the DeepSpeed config the Accelerator runs with
+        (``args.ga = accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"]``): the
+        engine divides by that same value. None otherwise."""
+        for fac in scale.by(T.ACCUM_USER):
+            if fac.power >= 0 or not fac.text:
+                continue
+            name = fac.text.strip()
+            assigns = self.t.assignments.get(name, []) if "." in name else (
+                self.t.assignments_of(name, frame.func) or [])
+            for a in assigns:
+                txt = self.dr.code(a.value)
+                if "gradient_accumulation_steps" in txt and ("deepspeed_config" in txt or "deepspeed_plugin" in txt):
+                    return name
+        return None
+
+    def _unknown_grad_helper(self, call, frame) -> None:
+        """A function of another package or module of the project handed the model or its parameters
+        (``training.scale_grads(model, 1 / num_tokens)``) may rescale the gradients: the trace records a rescale of
+        unknown value (the window's loss weights then prove nothing)."""
+        for a in call.args:
+            v = a.value
+            if isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                    v.func.attr.value in ("parameters", "named_parameters"):
+                hit = True
+            else:
+                d = dotted(v)
+                hit = False
+                if d is not None and self.roles is not None:
+                    try:
+                        hit = self.roles.role(d, frame.func) in ("model", "ddp_model", "deepspeed_engine")
+                    except Exception:
+                        hit = False
+            if hit:
+                self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
+                return
+
     def _fresh(self, call) -> Tensor:
         """The output of a call the trace does not model (a forward, a criterion): a loss of scale 1; whether
         gradient sync was off when it ran is remembered (DDP decides at forward time)."""
@@ -1530,7 +2038,8 @@ class _Runner:
             ns = None
         else:
             ns = not self.grad_sync
-        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain)
+        self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain,
+                                 self.site if self.depth else None)
         if self.no_grad:
             return Tensor(T.Scale(), False, call, None)  # made under no_grad(): no graph
         return Tensor(T.Scale(), True, call, self.mb)
@@ -1569,7 +2078,8 @@ class _Runner:
         cls = self.f.class_of(fn) or frame.cls
         new = _Frame(fn, cls, frame.depth + 1)
         params = list(fn.params.params)
-        if cls is not None and params and params[0].name.value in ("self", "cls") and isinstance(call.func, cst.Attribute):
+        if cls is not None and params and params[0].name.value in ("self", "cls") and call is not None and \
+                isinstance(call.func, cst.Attribute):
             params = params[1:]
         for p, v in zip(params, args):
             new.locals[p.name.value] = v
@@ -1631,7 +2141,13 @@ class _Runner:
         scale = v.scale if isinstance(v, Tensor) else None
         if scale is not None and style == "accelerator":
             an = self.acc_n
-            if an is None:
+            ds = self._ds_config_n(scale, frame)
+            if ds is not None:
+                # under a DeepSpeed launch accelerator.backward() is the engine's backward, which divides by the
+                # DeepSpeed config's gradient_accumulation_steps — the value the script divided by
+                scale = _times(scale, T.Factor(T.ACCUM_FRAMEWORK, ds, power=-1,
+                                               who="accelerator.backward() under DeepSpeed (the engine)"))
+            elif an is None:
                 scale = _times(scale, T.Factor(T.OTHER, "accelerator's gradient_accumulation_steps"))
             elif an[0] is None:
                 scale = _times(scale, T.Factor(T.OTHER, an[1]))
@@ -1657,14 +2173,19 @@ class _Runner:
             # a backward outside the micro-batch loop (the non-accumulating arm of ``if N > 1: ... else: ...``):
             # each one is a micro-batch of its own
             self.mb += 1
-        fns, where, fwd_certain = self.fwd_ns.get(id(v.node), (None, None, False)) \
-            if isinstance(v, Tensor) and v.node is not None else (None, None, False)
+        fns, where, fwd_certain, fwd_site = self.fwd_ns.get(id(v.node), (None, None, False, None)) \
+            if isinstance(v, Tensor) and v.node is not None else (None, None, False, None)
         since = v.since if isinstance(v, Tensor) and v.graph else None
         if not self.in_micro and since is not None and since == self.mb - 1:
             since = self.mb  # the forward ran in this iteration, before the backward opened its micro-batch
         self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
         self.trace.events[-1].meta["fwd_ctx"] = where
         self.trace.events[-1].meta["fwd_certain"] = fwd_certain  # the forward ran whatever the undecided conditions
+        if frame.depth and frame.func is not None:
+            # the helper holding the backward also runs the forward of its loss (``_training_iteration``), or was
+            # handed a loss made by its caller (``backward(loss, scaler)``)
+            self.trace.events[-1].meta["fwd_here"] = isinstance(v, Tensor) and v.node is not None and (
+                id(v.node) in self.dr.inside(frame.func) or (fwd_site is not None and fwd_site is self.site))
         return UNK
 
     # ------------------------------------------------------------------ events
@@ -1691,6 +2212,110 @@ class _Runner:
         self.trace.events.append(ev)
 
 
+_MODEL_ROLES = ("model", "ddp_model", "lightning_module")
+
+
+def _ddp_fact(dr) -> Optional[tuple]:
+    """(True, when, how) for the file's DistributedDataParallel wrapping (see ``FileDryRun.ddp_fact``)."""
+    calls = list(dr.f.ddp_calls)
+    if calls:
+        chains = []
+        for c in calls:
+            ch = _wrap_conditions(dr, c)
+            if not ch:
+                return (True, "", "wrap")
+            chains.append(ch)
+        # the innermost condition every wrapping is under (``if dist is not None:`` around ``if nccl: DDP(m, ids)
+        # else: DDP(m)``); the two arms of one ``if`` between them: unconditional; else the first one's
+        keys = [{(k, side) for k, side, _ in ch} for ch in chains]
+        for k, side, text in chains[0]:
+            if all((k, side) in ks for ks in keys[1:]):
+                return (True, text, "wrap")
+        outer = {ch[-1][0] for ch in chains}
+        if len(outer) == 1 and len({ch[-1][1] for ch in chains}) == 2:
+            return (True, "", "wrap")
+        return (True, chains[0][0][2], "wrap")
+    # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
+    t = dr.f.t
+    for d in t.defs:
+        if not isinstance(d, cst.FunctionDef):
+            continue
+        for p in list(d.params.params) + list(d.params.kwonly_params):
+            ann = p.annotation.annotation if p.annotation is not None else None
+            if ann is None or isinstance(ann, cst.SimpleString):
+                continue
+            q = t.qualname(ann) or ""
+            if q.endswith("DistributedDataParallel") and "FullySharded" not in q and q.split(".")[0] in ("torch",):
+                return (True, f"`{p.name.value}` is annotated as one", "annotation")
+    # a model prepared by accelerate is DDP when the script is launched with more than one process (and no DeepSpeed
+    # / FSDP plugin): how many, the file does not say — only the configuration's ``world-size`` does (unknown stays
+    # unknown: no finding without it)
+    ws = getattr(dr.ctx.settings, "world_size", None)
+    if isinstance(ws, int) and ws > 1 and not _accelerate_plugin(dr) and _prepared_model(dr):
+        return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
+                      f"`world-size`", "launch")
+    return None
+
+
+def _accelerate_plugin(dr) -> bool:
+    """The file reads or configures accelerate's DeepSpeed / FSDP plugin (the prepared model may then be a
+    DeepSpeed engine or FSDP module, which own their sync)."""
+    if dr.f.accelerator_deepspeed is not None:
+        return True
+    names = {"deepspeed_plugin", "fsdp_plugin", "DEEPSPEED", "FSDP"}
+    return any(a.attr.value in names for a in dr.ctx.index.of(cst.Attribute)) or any(
+        n.value in ("DeepSpeedPlugin", "FullyShardedDataParallelPlugin") for n in dr.ctx.index.of(cst.Name))
+
+
+def _wrap_conditions(dr, call) -> list:
+    """The conditions of the function a wrapping runs under, innermost first: ``(id(if), in body, "when
+    `args.distributed`")``; [] when unconditional (``if __name__ == "__main__"`` is no condition)."""
+    out = []
+    child = call
+    for p in dr.ctx.index.ancestors(call):
+        tp = type(p)
+        if tp in (cst.FunctionDef, cst.Module, cst.ClassDef, cst.Lambda):
+            break
+        if (tp is cst.If or tp is cst.IfExp) and child is not p.test:
+            text = _norm(dr.code(p.test))
+            if "__name__" not in text:
+                body = child is p.body
+                out.append((id(p), body, f"when `{text}`" if body else f"when `{text}` is false"))
+        child = p
+    return out
+
+
+def _prepared_model(dr) -> bool:
+    """An ``accelerator.prepare(...)`` / ``prepare_model(...)`` of this file receives a model (by role, through
+    ``*components`` lists built in the same function)."""
+    roles = dr.roles
+    if roles is None:
+        return False
+    for call in dr.ctx.index.of(cst.Call):
+        fn = call.func
+        if not isinstance(fn, cst.Attribute) or fn.attr.value not in ("prepare", "prepare_model"):
+            continue
+        func = next((a for a in dr.ctx.index.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+        recv = dotted(fn.value)
+        if recv is None or dr.role(recv, func)[0] != "accelerator":
+            continue
+        for a in call.args:
+            elems = [a.value]
+            if a.star and isinstance(a.value, cst.Name):
+                elems = []
+                for asg in dr.t_assignments(a.value.value, func):
+                    if isinstance(asg.value, (cst.List, cst.Tuple)):
+                        elems.extend(e.value for e in asg.value.elements)
+            for e in elems:
+                try:
+                    r = roles.of(e, func)
+                except Exception:
+                    r = None
+                if r is not None and r.confident and r.role in _MODEL_ROLES:
+                    return True
+    return False
+
+
 def _fp16(r) -> bool:
     return False
 
@@ -1702,6 +2327,27 @@ def _scaler_enabled(f) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _skips(stmt) -> bool:
+    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it)."""
+    todo = list(stmt.children)
+    while todo:
+        n = todo.pop()
+        tp = type(n)
+        if tp is cst.Continue or tp is cst.Break:
+            return True
+        if tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        todo.extend(n.children)
+    return False
+
+
+def _zero_grad_call(small) -> bool:
+    """``optimizer.zero_grad()`` / ``model.zero_grad()`` as a statement of its own: run even before the loop (at the
+    start of each epoch when the loop's function is one epoch)."""
+    return type(small) is cst.Expr and type(small.value) is cst.Call and isinstance(small.value.func, cst.Attribute) \
+        and small.value.func.attr.value == "zero_grad"
 
 
 def _unwrap_iter(it):
@@ -1746,6 +2392,54 @@ def _merge(now: dict, before: dict, stored: set) -> None:
 _MISSING = object()
 
 
+def _restore(now: dict, before: dict) -> None:
+    """Back to the state before an undecided ``if`` (first reads made by the arm are kept: they are not stores)."""
+    for k in list(now):
+        if k in before:
+            now[k] = before[k]
+    for k, v in before.items():
+        now.setdefault(k, v)
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        return a.scale is not None and a.scale == b.scale and a.graph == b.graph
+    if isinstance(a, Num) and isinstance(b, Num):
+        return a.v is not None and a.v == b.v and a.is_n == b.is_n
+    if isinstance(a, bool) and isinstance(b, bool):
+        return a == b
+    return False
+
+
+def _merge_arms(now: dict, before: dict, arm1: dict, stored1: set, stored2: set) -> None:
+    """After an undecided ``if``: ``now`` holds the second arm's state. A name either arm stored keeps its value
+    when both paths leave the same (an arm that did not store it leaves the value from before)."""
+    for k in stored1 | stored2:
+        if k in stored2:
+            v2 = now.get(k, _MISSING)
+        else:
+            v2 = before.get(k, _MISSING)
+        if k in stored1:
+            v1 = arm1.get(k, _MISSING)
+        else:
+            v1 = before.get(k, _MISSING)
+        if v1 is _MISSING and v2 is _MISSING:
+            continue
+        if _same(v1, v2):
+            if isinstance(v1, Tensor) and v1 is not v2:
+                # the same scale from two different computations: which forward made it is not known
+                v2 = Tensor(v2.scale, v2.graph, v1.node if v1.node is v2.node else None,
+                            v1.since if v1.since == v2.since else None)
+            now[k] = v2
+            continue
+        if isinstance(v1, DictVal) and v1 is v2:
+            now[k] = v1
+            continue
+        now[k] = Tensor(None, True) if isinstance(v1, Tensor) or isinstance(v2, Tensor) else UNK
+
+
 def _loader_texts(ld, dr) -> set:
     """``tqdm(train_loader, ...)`` also stands for ``train_loader`` (``len(train_loader)``)."""
     out = {dr.code(ld)}
@@ -1772,7 +2466,8 @@ def _tv(v) -> Optional[bool]:
 
 
 def _unk_of(a, b):
-    return UNK
+    m = getattr(a, "mod", None) or getattr(b, "mod", None)
+    return _Unk(mod=m) if m is not None else UNK
 
 
 def _has_call(node) -> bool:

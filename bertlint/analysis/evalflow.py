@@ -794,8 +794,22 @@ class EvalFlow:
                     fwds = []
                     break
             inner = fwds[0] if fwds else None
+            if inner is not None and any(not self._caller_grad_mode(f, method) for f in fwds):
+                inner = None  # `with torch.set_grad_enabled(training): return self.module_(x)`: its own mode
         memo[id(method)] = inner
         return inner
+
+    def _caller_grad_mode(self, call: cst.CSTNode, method: cst.FunctionDef) -> bool:
+        """``call`` in ``method`` runs with its caller's grad mode: no grad-mode ``with`` or decorator between."""
+        if any(self.ctx_kind(d.decorator) is not None for d in method.decorators):
+            return False
+        cur, child = self.parent.get(call), call
+        while cur is not None and cur is not method:
+            if isinstance(cur, cst.With) and child is cur.body and \
+                    any(self.ctx_kind(it.item) is not None for it in cur.items):
+                return False
+            child, cur = cur, self.parent.get(cur)
+        return True
 
     def forward_receiver_of(self, call: cst.Call) -> Optional[str]:
         """The model a forward runs: ``model`` for ``model(x)``; for ``self.infer(x)`` (a method returning a
@@ -804,12 +818,15 @@ class EvalFlow:
         return forward_receiver(inner if inner is not None else call)
 
     def _evaled(self, name: str) -> bool:
-        """``name.eval()`` is called in the file (an ``nn.Module``: nothing else has that method), and ``name`` is
-        an attribute or a local binding, not an imported object."""
+        """``name.eval()`` (or ``name.train(False)``, ``name.train(flag)`` with ``flag=False`` by default) is called
+        in the file (an ``nn.Module``: nothing else has that method), and ``name`` is an attribute or a local binding,
+        not an imported object."""
         memo = self.__dict__.setdefault("_evaled_memo", {})
         if name not in memo:
             memo[name] = any(isinstance(c.func, cst.Attribute) and dotted(c.func.value) == name and not c.args
-                             for c in self.calls_by_final.get("eval", []))
+                             for c in self.calls_by_final.get("eval", [])) or any(
+                isinstance(c.func, cst.Attribute) and dotted(c.func.value) == name and self._train_false(c)
+                for c in self.calls_by_final.get("train", []))  # `module.train(False)`: nn.Module.train(mode)
         return memo[name]
 
     def _mode_switched(self, name: str) -> bool:
@@ -1230,6 +1247,30 @@ class EvalFlow:
                     return True
         return False
 
+    def train_flag_default(self, call: cst.Call) -> Optional[str]:
+        """For ``X.train(flag)`` where ``flag`` is a parameter of the enclosing function whose default is ``False``
+        (``def evaluation_step(self, x, training=False): self.module_.train(training)``): the parameter's name, the
+        call being evaluation mode when the function is called with its default."""
+        if len(call.args) != 1 or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.Name):
+            return None
+        scope = self.scope.get(call)
+        if scope is None:
+            return None
+        name = call.args[0].value.value
+        for prm in list(scope.params.params) + list(scope.params.kwonly_params):
+            if prm.name.value == name:
+                if prm.default is not None and literal(prm.default) is False and \
+                        not any(a.func is scope for a in self.symbols.assignments.get(name, [])):  # not re-bound
+                    return name
+                return None
+        return None
+
+    def _train_false(self, call: cst.Call) -> bool:
+        """``X.train(False)``, or ``X.train(flag)`` with a parameter ``flag=False`` by default (evaluation mode)."""
+        if len(call.args) != 1:
+            return False
+        return literal(call.args[0].value) is False or self.train_flag_default(call) is not None
+
     def eval_mode_before(self, loop: cst.CSTNode, receivers: Iterable[str]) -> Optional[cst.Call]:
         """A ``X.eval()`` call before ``loop`` in its scope on one of ``receivers`` (or on a model) with no
         ``X.train()`` between it and the loop."""
@@ -1237,12 +1278,11 @@ class EvalFlow:
         recv = set(receivers)
         best = None
         evals = list(self.calls_by_final.get("eval", []))
-        evals += [c for c in self.calls_by_final.get("train", []) if len(c.args) == 1 and
-                  literal(c.args[0].value) is False]  # model.train(False)
+        evals += [c for c in self.calls_by_final.get("train", []) if self._train_false(c)]  # model.train(False)
         for c in evals:
             if self.scope.get(c) is not scope or not isinstance(c.func, cst.Attribute):
                 continue
-            if c.args and not (c.func.attr.value == "train" and literal(c.args[0].value) is False):
+            if c.args and not (c.func.attr.value == "train" and self._train_false(c)):
                 continue
             if not self.before(c, loop) and not (self.inside(c, loop)):
                 continue
@@ -1256,7 +1296,7 @@ class EvalFlow:
             # a later .train() on the same receiver before the loop cancels it
             cancelled = False
             for t in self.calls_by_final.get("train", []):
-                if t.args and literal(t.args[0].value) is False:
+                if t.args and self._train_false(t):
                     continue
                 if self.scope.get(t) is scope and isinstance(t.func, cst.Attribute) and \
                         dotted(t.func.value) == r and self.order[t] > self.order[c] and self.before(t, loop):
@@ -1554,12 +1594,22 @@ def forward_receiver_chain(call: cst.Call) -> Optional[str]:
     return dotted(cur)
 
 
+def eval_call_text(flow: EvalFlow, ev: cst.Call) -> str:
+    """``model.eval()`` for messages; a ``model.train(flag)`` says which default makes it evaluation mode."""
+    text = f"`{flow.module.code_for_node(ev)}`"
+    flag = flow.train_flag_default(ev) if (isinstance(ev.func, cst.Attribute) and ev.func.attr.value == "train") \
+        else None
+    if flag is not None:
+        text += f" (evaluation mode with the default `{flag}=False`)"
+    return text
+
+
 def eval_reason(flow: EvalFlow, loop: cst.CSTNode, receivers: Iterable[str]) -> Optional[str]:
     """Why ``loop`` is an evaluation loop (text for messages), or None."""
     scope = flow.scope_of(loop)
     ev = flow.eval_mode_before(loop, receivers)
     if ev is not None:
-        return f"after `{flow.module.code_for_node(ev)}`"
+        return f"after {eval_call_text(flow, ev)}"
     if flow.eval_name(scope):
         return f"in `{scope.name.value}()`"
     return None

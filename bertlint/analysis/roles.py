@@ -1285,13 +1285,20 @@ class Roles:
             for b in self._bind.get(key, []):
                 if b.kind == "assign" and b.value is not None:
                     out.extend(self._element_evidence(b.value, b.scope, depth + 1))
-            # ``schedulers = []; schedulers.append(s)``: the appended things
+            # ``schedulers = []; schedulers.append(s)``: the appended things; ``self.optimizer["adam"] = Adam(...)``:
+            # the items stored
             roles = []
             for call, func in self._appends.get(d, ())[:6]:
                 if (call_name(call) or "").endswith(".append"):
                     roles.append(decide(self._expr_evidence(call.args[0].value, func, depth + 1)))
+            how = "appended to"
+            if not roles:
+                for _key, value, func in (getattr(self.t, "item_assigns", {}).get(d) or ())[:6]:
+                    if d.startswith("self.") or func is scope or func is None:
+                        roles.append(decide(self._expr_evidence(value, func, depth + 1)))
+                        how = "stored in"
             if roles and all(r is not None and r.confident for r in roles) and len({r.role for r in roles}) == 1:
-                out.append(Evidence("usage", roles[0].role, f"appended to `{d}`", it, roles[0].qualname,
+                out.append(Evidence("usage", roles[0].role, f"{how} `{d}`", it, roles[0].qualname,
                                     roles[0].wrapped_by))
             return out
         return []

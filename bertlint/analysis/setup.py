@@ -956,12 +956,20 @@ class _Builder:
                         if isinstance(k, str):
                             ta.explicit[k] = Setting(v, f"**{code_of(a.value)}", a)
                 else:
-                    items = self._fact_items(a.value, site.func)
+                    items = self._fact_items(a.value, site.func, partial=True)
                     if items is None:
                         ta.open_ended = True
                     else:
+                        if "**" in items:  # `{**other, "k": v}`: the keys it names are read, the rest is unknown
+                            ta.open_ended = True
                         for k, f in items.items():
-                            ta.explicit[k] = Setting(f.value, f"**{code_of(a.value)}", a)
+                            if k == "**":
+                                continue
+                            # the key's own expression when it is in this file (rules read what it is made of)
+                            node = f.node if isinstance(f.node, cst.BaseExpression) and \
+                                self.ctx.index.parent(f.node) is not None else a
+                            ta.explicit[k] = Setting(f.value, f"**{code_of(a.value)} key {k!r} ({f.source})"
+                                                     if f.kind != "literal" else f"**{code_of(a.value)}", node)
             elif a.star == "*":
                 ta.open_ended = True
         return ta
@@ -977,8 +985,9 @@ class _Builder:
         except Exception:
             return None
 
-    def _fact_items(self, expr, func):
-        """Per-key facts of a ``**dict`` argument; None when not readable (or a key is not statically known)."""
+    def _fact_items(self, expr, func, partial: bool = False):
+        """Per-key facts of a ``**dict`` argument; None when not readable (or a key is not statically known). With
+        ``partial``, a dict that also spreads something unreadable gives its readable keys plus a ``"**"`` entry."""
         ck = getattr(self.r, "call_kwargs", None)
         if ck is None:
             return None
@@ -986,7 +995,7 @@ class _Builder:
             items = ck(cst.Call(func=cst.Name("f"), args=[cst.Arg(value=expr, star="**")]), func)
         except Exception:
             return None
-        if "**" in items:
+        if "**" in items and not (partial and len(items) > 1):
             return None
         return items
 
@@ -1060,8 +1069,9 @@ class _Builder:
             elems = classes_of[pvar]
             targets = site.targets
             var = None
-            if len(targets) == len(elems):
-                var = targets[idx] or None
+            remaining = literal(kwarg(site.call, "return_remaining_strings")) is True
+            if len(targets) == len(elems) or (remaining and len(targets) == len(elems) + 1):
+                var = targets[idx] or None  # (return_remaining_strings=True adds the leftover strings last)
             elif len(targets) == 1 and len(elems) == 1:
                 var = targets[0] or None
             cls_expr = elems[idx]
@@ -1139,7 +1149,7 @@ class _Builder:
             if before_row is not None:
                 assigns = [a for a in assigns if a.func is not func or self.col.order.get(id(a.node), -1) < before_row]
             if not assigns:
-                return None
+                return self._model_from_unpack(expr.value, func, depth)
             info = ModelInfo(None, var=expr.value)
             classes = set()
             self._resolving.add(expr.value)
@@ -1188,6 +1198,41 @@ class _Builder:
                 info.class_name = info.family = info.head = info.architecture = info.local_class = None
             return info
         return None
+
+    def _model_from_unpack(self, name: str, func: Any, depth: int) -> Optional[ModelInfo]:
+        """``model, tokenizer = load(args)`` where ``load`` is the one function of this file by that name and every
+        ``return`` of it is a tuple whose element at ``model``'s position is a name: the model that name is in
+        ``load`` (PEFT wrapping, checkpointing and freezing inside it included). None otherwise."""
+        sites = [(names, c) for names, c, f in self.t.unpacks if f is func and name in names]
+        if len(sites) != 1:
+            return None
+        names, call = sites[0]
+        if not isinstance(call.func, cst.Name) or call.func.value in self._resolving:
+            return None
+        defs = self.t.functions.get(call.func.value, [])
+        if len(defs) != 1:
+            return None
+        fn, idx = defs[0], names.index(name)
+        rets = [r for r in self.ctx.index.of(cst.Return)
+                if r.value is not None and next((a for a in self.ctx.index.ancestors(r)
+                                                 if isinstance(a, (cst.FunctionDef, cst.Lambda))), None) is fn]
+        if not rets:
+            return None
+        found = None
+        self._resolving.add(call.func.value)
+        try:
+            for r in rets:
+                v = r.value
+                if not isinstance(v, cst.Tuple) or len(v.elements) != len(names) or \
+                        not isinstance(v.elements[idx].value, cst.Name):
+                    return None
+                info = self.model_from_expr(v.elements[idx].value, fn, depth + 1)
+                if info is None:
+                    return None
+                found = found or info
+        finally:
+            self._resolving.discard(call.func.value)
+        return found
 
     def _model_from_call(self, call: cst.Call, func: Any, depth: int, info: ModelInfo) -> bool:
         """Fold what ``call`` says about the model into ``info``; True if it produced or wrapped a model."""
@@ -1260,8 +1305,16 @@ class _Builder:
                     info.dtype_node = e
                     if info.dtype is None:
                         info.dtype = "unknown"
-            if kwarg(call, "load_in_8bit") is not None or kwarg(call, "load_in_4bit") is not None or kwarg(call, "quantization_config") is not None:
-                info.kbit = True
+            for kw in ("load_in_8bit", "load_in_4bit", "quantization_config"):
+                e = kwarg(call, kw)
+                if e is None or (isinstance(e, cst.Name) and e.value in ("False", "None")):
+                    continue  # ``load_in_8bit=False`` loads a plain model
+                try:
+                    off = self.r.value(e, func) is False
+                except Exception:
+                    off = False
+                if not off:
+                    info.kbit = True  # set, or not known to be off
             return True
         fam, head = split_class(last)
         if fam is not None or self._is_transformers_class(call.func):

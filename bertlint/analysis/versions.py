@@ -37,6 +37,9 @@ CURRENT = {
 
 PACKAGES = tuple(CURRENT)
 
+# Packages read only by the rules that need them (not listed by ``Versions.all`` / ``explain``).
+CURRENT["diffusers"] = "0.42.1"
+
 # Distribution names that stand for one of the packages above.
 _ALIASES = {
     "pytorch-lightning": "lightning",
@@ -48,6 +51,7 @@ _ALIASES = {
     "torch": "torch",
     "pytorch": "torch",  # conda
     "peft": "peft",
+    "diffusers": "diffusers",
 }
 
 # Releases bertlint knows of (used to pick the newest release a range allows). Not exhaustive: only what the
@@ -64,6 +68,7 @@ _KNOWN: dict[str, list[str]] = {
     "torch": [*(f"2.{m}.0" for m in range(0, 14))],
     "lightning": [*(f"2.{m}.0" for m in range(0, 7)), "2.6.6"],
     "peft": [*(f"0.{m}.0" for m in range(5, 22)), "0.21.2"],
+    "diffusers": [*(f"0.{m}.0" for m in range(3, 43)), "0.42.1"],
 }
 
 _ROOT_MARKERS = (".git", ".hg")

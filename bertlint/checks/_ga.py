@@ -141,6 +141,12 @@ def single_optimizer(loop: TrainingLoop) -> bool:
 def owner_note(ctx, loop: TrainingLoop) -> str:
     """Who owns accumulation in this loop and the version assumed, for messages."""
     owner = loop.owner
+    kind = getattr(loop, "kind", None)
+    if kind == "ignite":
+        return f"ignite `Engine({loop.func.name.value})` calls it once per iteration, {fw(ctx, 'torch')}"
+    if kind == "method":
+        return (f"`{loop.func.name.value}()` keeps its own micro-batch counter: it is called once per micro-batch, "
+                f"{fw(ctx, 'torch')}")
     if owner == "fabric":
         return f"Fabric loop, {fw(ctx, 'lightning')}"
     if owner == "accelerate-manual":

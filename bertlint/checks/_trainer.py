@@ -130,6 +130,8 @@ def checkpointing_sites(setup, tv, launch: bool = False):
                 kws = a.get(kw)
                 if flag == "gradient_checkpointing" and a.setting(kw) is None and a.setting("activation_checkpointing_kwargs") is not None:
                     kws = a.get("activation_checkpointing_kwargs")
+                if kws is UNKNOWN and a.runtime_cli and not a.open_ended and a.setting(kw) is None:
+                    kws = None  # parsed at launch and not set in the script: judged at its default, as launch is
                 r, why = reentrant_of(kws, tv, "trainer")
                 out.append((a.keyword_node(flag) or a.node, kws, "trainer", r, why))
     if launch and a is not None and not out:

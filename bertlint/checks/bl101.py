@@ -18,7 +18,10 @@ def _gate_text(run, tr) -> str:
     if loop.index is not None:
         start = loop.index.start
         idx = loop.index.name if start == 1 else f"{loop.index.name} + 1"
-        return f"({idx}) % {tr.n_text} == 0" if start != 1 else f"{idx} % {tr.n_text} == 0"
+        gate = f"({idx}) % {tr.n_text} == 0" if start != 1 else f"{idx} % {tr.n_text} == 0"
+        if tr.loader == "loader" and tr.loader_text and start in (0, 1):
+            gate += f" or {idx} == len({tr.loader_text})"  # the epoch's last partial window is stepped too (BL107)
+        return gate
     return ""
 
 

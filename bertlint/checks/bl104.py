@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from bertlint import trace as T
 from bertlint.analysis.loops import walk
 from bertlint.analysis.symbols import code_of, dotted, kwarg
 from bertlint.checks import _ga
@@ -44,7 +45,19 @@ def check(ctx) -> None:
         bw = v.event
         user = v.data.get("factor")
         node = user.node if user is not None and user.node is not None else bw.node
-        if bw.via == "accelerator":
+        fws = bw.scale.by(T.ACCUM_FRAMEWORK) if bw.scale is not None else []
+        under_ds = any("DeepSpeed" in (x.who or "") for x in fws)
+        # a factor of unknown value beside the two divisions (``loss / num_tokens`` through a helper) or a
+        # configuration the file does not decide (a DeepSpeed launch): the 1/N² is shown, at warning severity
+        sev = Severity.WARNING if (under_ds or (bw.scale is not None and bw.scale.by(T.OTHER))) else None
+        if bw.via == "accelerator" and under_ds:
+            msg = (f"The loss is divided by `{user.text}` by hand, and `{user.text}` is read from the DeepSpeed config "
+                   f"(when launched with DeepSpeed): `accelerator.backward()` then runs the DeepSpeed engine's "
+                   f"backward, which divides by that config's `gradient_accumulation_steps` itself "
+                   f"({_ga.fw(ctx, 'accelerate')}, {_ga.fw(ctx, 'deepspeed', 'DeepSpeed')}, `scale_wrt_gas=True`)"
+                   f"{_ga.when(tr)}: {v.message}; every update is 1/{_ga.n_of(tr)} of the intended one. Pass the raw "
+                   f"loss: `accelerator.backward(loss)`.")
+        elif bw.via == "accelerator":
             ga = f.accelerator_ga
             shown = ga.shown if ga is not None else "`gradient_accumulation_steps`"
             msg = (f"The loss is divided by `{user.text}` by hand, but `accelerator.backward()` already divides it by "
@@ -56,7 +69,7 @@ def check(ctx) -> None:
                    f"({_ga.fw(ctx, 'deepspeed', 'DeepSpeed')}, `scale_wrt_gas=True`){_ga.when(tr)}: {v.message}; "
                    f"every update is 1/{_ga.n_of(tr)} of the intended one (0.25× at N=4 on every ZeRO stage). "
                    f"Pass the raw loss.")
-        _ga.treport(ctx, run, tr, node, msg, fix=_fix_drop(ctx, node))
+        _ga.treport(ctx, run, tr, node, msg, fix=_fix_drop(ctx, node), severity=sev)
     _lightning(ctx, f)
 
 

@@ -23,7 +23,7 @@ from bertlint.types import Applicability, Severity
 )
 def check(ctx) -> None:
     f = ctx.loops
-    for run, v, tr in _ga.violations(ctx, "BL105", _ga.PLAIN_OWNERS):
+    for run, v, tr in _ga.violations(ctx, "BL105", _ga.PLAIN_OWNERS + ("accelerate",)):
         e = v.event
         length, _call = _ga.sched_length(f, e.target)
         if length is None:
@@ -34,6 +34,19 @@ def check(ctx) -> None:
             continue
         anchor = next((s for s in tr.effective_steps() if s.mb >= e.mb), None)
         n = _ga.n_of(tr)
+        if run.loop.owner == "accelerate":
+            # inside accumulate(): the optimizer's step is a no-op off the sync step, the raw scheduler's is not
+            _ga.treport(
+                ctx, run, tr, e.node,
+                f"`{e.text}` takes effect on every micro-batch inside `accelerator.accumulate()`{_ga.when(tr)}: "
+                f"{v.message}, while the schedule length `{_ga.code_of(length).strip()}` counts optimizer steps: "
+                f"warm-up and decay run {n}× too fast. The scheduler is not passed to `accelerator.prepare()`, so "
+                f"accelerate does not skip its step off the sync micro-batches as it does the prepared optimizer's. "
+                f"Pass it to `accelerator.prepare(...)`, or step it under `if accelerator.sync_gradients:`. "
+                f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})",
+                severity=_ga.tsev(e),
+            )
+            continue
         _ga.treport(
             ctx, run, tr, e.node,
             f"`{e.text}` runs on every micro-batch{_ga.when(tr)}: {v.message}, while the schedule length "

@@ -1,10 +1,16 @@
-"""BL107 partial-window: the first accumulation window is shorter than the others — ``if i % N == 0:
-optimizer.step()`` on a 0-based index makes the first update from one micro-batch and shifts every window
-(``exp_manual_ga_patterns.out`` P3: first step weight 0.25).
+"""BL107 partial-window: a window of the wrong length at either end of an epoch.
 
-Invariant over the dry run (``bertlint.trace.first_window_complete``). Not flagged: ``enumerate(dl, 1)``, a counter
-incremented before the test, ``(i + 1) % N == 0``. The end-of-epoch tail is not reported: whether a tail exists
-depends on the dataset length."""
+- the first window is shorter than the others: ``if i % N == 0: optimizer.step()`` on a 0-based index makes the
+  first update from one micro-batch and shifts every window (``exp_manual_ga_patterns.out`` P3: first step weight
+  0.25) — ``bertlint.trace.first_window_complete``;
+- the epoch's last, partial window is dropped or leaks into the next epoch: ``(i + 1) % N == 0`` alone never holds
+  on the last ``len(loader) % N`` micro-batches, so their gradients are erased by the ``zero_grad`` that starts the
+  next epoch, or added to the next epoch's first update (REFERENCE §2.2, §7 BL107) — ``bertlint.trace.epoch_tail``.
+
+Invariants over the dry run; one finding per loop (the first window first). Not flagged: ``enumerate(dl, 1)``, a
+counter incremented before the test, ``(i + 1) % N == 0`` together with ``or i + 1 == len(loader)``, a step after
+the loop, accelerate's ``accumulate()`` (it syncs at the end of the prepared loader), a counter carried across
+epochs and never cleared (every window stays N long), a loop over a ``range`` of steps, DeepSpeed engines."""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from bertlint.types import Severity
 
 
 @rule("BL107", "partial-window", Severity.WARNING,
-      "i % N == 0 on a 0-based index: the first update comes from a single micro-batch")
+      "the first or the epoch's last accumulation window is partial (i % N == 0 on a 0-based index; tail not stepped)")
 def check(ctx) -> None:
     for run, v, tr in _ga.violations(ctx, "BL107", _ga.PLAIN_OWNERS):
         step = v.event
@@ -24,9 +30,29 @@ def check(ctx) -> None:
         node = cond if cond is not None else step.node
         ctext = _ga.code_of(cond).strip() if cond is not None else ""
         when = f" when `{ctext}`" if ctext else ""
+        note = f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})"
+        kind = v.data.get("kind")
+        if kind in ("dropped", "leaked"):
+            if tr.owner in ("accelerate-manual", "fabric") and "deepspeed" in ctx.source.lower():
+                continue  # the backward may go through a DeepSpeed engine, which keeps its own boundary
+            what = ("its gradients are erased by the `zero_grad` that starts the next epoch" if kind == "dropped" else
+                    "its gradients are added to the next epoch's first update")
+            ld = tr.loader_text or "loader"
+            gate = f" under `{ctext}`" if ctext else ""
+            idx = tr.index_text or "step"
+            _ga.treport(
+                ctx, run, tr, node,
+                f"The optimizer step{gate} misses the epoch's last micro-batches: when `len({ld})` is not a multiple "
+                f"of {_ga.n_shown_t(tr)}, the epoch's last partial window is never stepped and {what}{_ga.when(tr)}: "
+                f"{v.message}. Step on the epoch's last micro-batch too (`... or {idx} + 1 == len({ld})`), or step "
+                f"once after the loop, or let accelerate's `accumulate()` sync at the end of the prepared loader. "
+                f"{note}",
+                data={"tail": v.data},
+            )
+            continue
         _ga.treport(
             ctx, run, tr, node,
             f"The optimizer steps{when}, which already holds on the first micro-batch{_ga.when(tr)}: {v.message}. "
             f"Step when `(i + 1) % {tr.n_text} == 0` on a 0-based index, or count from 1 (`enumerate(..., 1)`). "
-            f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})",
+            f"{note}",
         )

@@ -7,7 +7,9 @@ Invariant over the dry run (``bertlint.trace.window_length``): every full window
 - the step nested under a second gate (logging / eval frequency): steps every lcm(N, M);
 - a hand gate inside ``accelerator.accumulate()``: two gates must both hold — ``i % N == 0`` never coincides
   with a sync step (zero updates, ever) and ``(i + 1) % N == 0`` skips the end-of-epoch sync step
-  (REFERENCE §2.2 C/D)."""
+  (REFERENCE §2.2 C/D);
+- a gate that stops firing (``global_step % N == 0`` on a counter advanced only by the step): one update, then
+  backwards into the next epoch with none."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from bertlint.types import Severity
 @rule("BL114", "ddp-accumulation-sync", Severity.WARNING,
       "DDP accumulation without no_sync(), or forward inside no_sync() and backward outside")
 def check(ctx) -> None:
-    for run, v, tr in _ga.violations(ctx, "BL114", ("plain",)):
+    for run, v, tr in _ga.violations(ctx, "BL114", ("plain", "accelerate-manual")):
         kind = v.data.get("kind")
         e = v.event
         if kind == "unsynced":
@@ -34,8 +34,19 @@ def check(ctx) -> None:
                    f"`no_sync()` block too.")
             _ga.treport(ctx, run, tr, e.node, msg)
         else:
-            msg = (f"The model is wrapped in `DistributedDataParallel` and gradients are accumulated over "
-                   f"{_ga.n_shown_t(tr)} micro-batches, but every backward all-reduces{_ga.when(tr)}: {v.message}. "
+            ddp_when = getattr(tr, "ddp_when", "")
+            wrapped = f" ({ddp_when})" if ddp_when else ""
+            ctx_fn = "accelerator.no_sync(model)" if "accelerator.prepare" in ddp_when else "model.no_sync()"
+            if ddp_when.startswith("when the model is"):  # the model may be DDP: the condition leads
+                lead = f"{ddp_when[0].upper()}{ddp_when[1:]}, gradients accumulated over"
+            else:
+                lead = f"The model is wrapped in `DistributedDataParallel`{wrapped} and gradients are accumulated over"
+            msg = (f"{lead} {_ga.n_shown_t(tr)} micro-batches, but every backward all-reduces{_ga.when(tr)}: "
+                   f"{v.message} "
+                   f"({_ga.fw(ctx, 'torch')}: DDP all-reduces in every backward whose forward ran with sync on). "
                    f"Wrap the forward and backward of all but the window's last micro-batch in "
-                   f"`with model.no_sync():`.")
-            _ga.treport(ctx, run, tr, e.node, msg)
+                   f"`with {ctx_fn}:`.")
+            # where the forward and the backward meet: the backward, or the loop's call of a helper that was handed
+            # the loss (``backward(loss, scaler)``)
+            node = e.meta.get("site") if e.meta.get("depth") and not e.meta.get("fwd_here") else None
+            _ga.treport(ctx, run, tr, node or e.node, msg)

@@ -6,7 +6,12 @@ transformers ≥ 5.0 installs the input-grad hook itself for text models, so onl
 
 from __future__ import annotations
 
+import re
+from typing import Optional
+
 import libcst as cst
+
+from bertlint.analysis.symbols import code_of, dotted, literal
 
 from bertlint.analysis.versions import severity_for
 from bertlint.checks._trainer import checkpointing_sites
@@ -19,6 +24,131 @@ from bertlint.types import Severity
 def check(ctx) -> None:
     if "checkpointing" not in ctx.source:
         return
+    if "enable_gradient_checkpointing" in ctx.source and "diffusers" in ctx.source:
+        _diffusers(ctx)
+    _transformers(ctx)
+
+
+# diffusers blocks call torch.utils.checkpoint.checkpoint without use_reentrant (reentrant) before 0.17.0; from 0.17.0
+# on they pass use_reentrant=False on torch >= 1.11 (huggingface/diffusers#3404, merged 2023-05-16: "Fix gradient
+# checkpointing bugs in freezing part of models (requires_grad=False)")
+DIFFUSERS_NON_REENTRANT = "0.17.0"
+_OPTIMIZER = re.compile(r"(adam|sgd|lion|adafactor|lamb|prodigy|optim)", re.IGNORECASE)
+
+
+def _diffusers(ctx) -> None:
+    """A diffusers model frozen with ``requires_grad_(False)`` that then receives trainable parameters (a function of
+    it whose result goes to the optimizer: LoRA injected into it), with ``enable_gradient_checkpointing()`` on a
+    diffusers release whose blocks checkpoint reentrantly: the hidden states entering each checkpointed block come
+    from frozen layers, so nothing inside the blocks (the injected weights) gets a gradient."""
+    from bertlint.analysis.versions import severity_for
+
+    tv = ctx.versions.get("diffusers")
+    lowest = getattr(tv, "lowest", None)
+    if tv.below(DIFFUSERS_NON_REENTRANT):
+        era, sev = tv.describe(), severity_for(Severity.ERROR, tv)
+    elif lowest is not None and lowest < (0, 17) and not tv.assumed:
+        era = (f"diffusers {'.'.join(map(str, lowest))}–0.16, which `diffusers{tv.spec}` ({tv.source.split(' in ')[-1]}) "
+               f"allows")
+        sev = Severity.WARNING
+    else:
+        return
+    calls = ctx.index.of(cst.Call)
+    for call in calls:
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "enable_gradient_checkpointing"):
+            continue
+        recv = dotted(call.func.value)
+        if not recv or not _diffusers_model(ctx, recv):
+            continue
+        freeze = next((c for c in calls if isinstance(c.func, cst.Attribute) and
+                       c.func.attr.value == "requires_grad_" and dotted(c.func.value) == recv and c.args and
+                       literal(c.args[0].value) is False), None)
+        if freeze is None:
+            continue
+        inject = _injection(ctx, calls, recv, freeze)
+        if inject is None:
+            continue
+        row = lambda n: ctx.span(n)[0].row  # noqa: E731
+        ctx.report(
+            call,
+            f"`{recv}` is frozen (`{code_of(freeze).strip()}`, line {row(freeze)}) and then given trainable weights "
+            f"(`{code_of(inject).strip()[:80]}`, line {row(inject)}, whose result goes to the optimizer); on {era} "
+            f"`enable_gradient_checkpointing()` makes its blocks call `torch.utils.checkpoint.checkpoint` reentrantly "
+            f"(no `use_reentrant` argument), and a reentrant checkpoint only back-propagates into a block when one of "
+            f"its tensor inputs requires grad — the hidden states come from the frozen layers, so the weights injected "
+            f"inside the checkpointed blocks get no gradient (they stay at their initial values; torch warns `None "
+            f"of the inputs have requires_grad=True`). diffusers >= {DIFFUSERS_NON_REENTRANT} passes "
+            f"`use_reentrant=False` (huggingface/diffusers#3404). Fix: require diffusers>={DIFFUSERS_NON_REENTRANT}, "
+            f"or make the first block's input require grad, or do not enable checkpointing on the frozen model.",
+            severity=sev,
+        )
+
+
+def _diffusers_model(ctx, name: str) -> bool:
+    for a in ctx.symbols.assignments.get(name, []):
+        v = a.value
+        if isinstance(v, cst.Call):
+            f = v.func.value if isinstance(v.func, cst.Attribute) and v.func.attr.value == "from_pretrained" else v.func
+            q = ctx.symbols.qualname(f) if isinstance(f, (cst.Name, cst.Attribute)) else None
+            if q and q.startswith("diffusers."):
+                return True
+    return False
+
+
+def _injection(ctx, calls, recv: str, freeze) -> Optional[cst.Call]:
+    """A call after the freeze that takes ``recv`` as an argument and whose result (through names) is handed to an
+    optimizer: trainable parameters made inside the frozen model (LoRA injection)."""
+    after = ctx.span(freeze)[0].row
+    opt_args = []
+    for c in calls:
+        name = (dotted(c.func) or "") if isinstance(c.func, (cst.Name, cst.Attribute)) else ""
+        target = None
+        p = ctx.index.parent(c)
+        if isinstance(p, cst.Assign) and len(p.targets) == 1:
+            target = code_of(p.targets[0].target)
+        if (_OPTIMIZER.search(name.rsplit(".", 1)[-1]) or (target and "optim" in target.lower())) and c.args:
+            opt_args.append(c.args[0].value)
+    if not opt_args:
+        return None
+    for c in calls:
+        if ctx.span(c)[0].row <= after or not any(dotted(a.value) == recv for a in c.args):
+            continue
+        if isinstance(c.func, cst.Attribute) and c.func.attr.value in ("requires_grad_", "to", "enable_gradient_checkpointing"):
+            continue
+        p = ctx.index.parent(c)
+        if not isinstance(p, cst.Assign):
+            continue
+        names = set()
+        for t in p.targets:
+            names |= _names(t.target)
+        names.discard("_")
+        if names and any(_reaches(ctx, e, names) for e in opt_args):
+            return c
+    return None
+
+
+def _names(node) -> set:
+    out = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n):
+            out.add(n.value)
+
+    node.visit(V())
+    return out
+
+
+def _reaches(ctx, expr, names: set, depth: int = 0) -> bool:
+    """``expr`` uses one of ``names``, directly or through the assignments of the names it uses (3 levels)."""
+    used = _names(expr)
+    if used & names:
+        return True
+    if depth >= 3:
+        return False
+    return any(_reaches(ctx, a.value, names, depth + 1) for n in used for a in ctx.symbols.assignments.get(n, [])[:3])
+
+
+def _transformers(ctx) -> None:
     tv = ctx.versions.transformers
     era = None
     if tv.at_least("5.0.0"):
@@ -77,11 +207,13 @@ def check(ctx) -> None:
 
 
 def _prep_without_checkpointing(call) -> bool:
-    """``prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)``: no input-grad hook then."""
+    """``prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)``: no input-grad hook then. A value
+    not known statically (``use_gradient_checkpointing=args.gradient_checkpointing``, usually the very flag that turns
+    checkpointing on) is not taken for False: the hook is installed whenever it is true."""
     from bertlint.analysis.symbols import kwarg, literal
 
     e = kwarg(call, "use_gradient_checkpointing")
-    return e is not None and literal(e) is not True
+    return e is not None and literal(e) is False
 
 
 def _written_for_4x(ctx):

@@ -1,5 +1,16 @@
 """BL410 step-units: logging/eval/save/warmup/max steps computed from a data length (micro-batches) although the Trainer
-counts them in optimizer steps (REFERENCE §1.5)."""
+counts them in optimizer steps (REFERENCE §1.5).
+
+Two shapes of the same unit mix-up:
+
+* ``TrainingArguments`` (keywords or a dict literal spread into it): a step field computed from a data length, through
+  names and through a function of the file that returns it (``max_steps=cls.infer_max_steps(epochs, bs, ds)``), with
+  no division by the accumulation; the accumulation known > 1, or configurable (a parameter / command-line value,
+  then the message says "when N > 1").
+* a hand-written loop whose optimizer step is gated once per window: a counter advanced with the step (it counts
+  optimizer steps) compared with, or divided by, a length counted in micro-batches (a data size divided by the
+  micro-batch size, or ``len(loader)``), which nothing divides by the accumulation.
+"""
 
 from __future__ import annotations
 
@@ -54,41 +65,256 @@ def _expr_text(ctx, expr, func, depth=0, seen=None) -> str:
     return text
 
 
+def _callee(ctx, call: cst.Call):
+    """The one function of this file a call runs (``f(...)``, ``self.f(...)``, ``cls.f(...)``), or None."""
+    f = call.func
+    name = None
+    if isinstance(f, cst.Name):
+        name = f.value
+    elif isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value in ("self", "cls"):
+        name = f.attr.value
+    if name is None:
+        return None
+    defs = ctx.symbols.functions.get(name, [])
+    return defs[0] if len(defs) == 1 else None
+
+
+def _returns(fn) -> list:
+    out = []
+
+    class V(cst.CSTVisitor):
+        def visit_FunctionDef(self, node):
+            return node is fn
+
+        def visit_Lambda(self, node):
+            return False
+
+        def visit_Return(self, node):
+            if node.value is not None:
+                out.append(node.value)
+
+    fn.visit(V())
+    return out
+
+
+def _step_text(ctx, expr, func) -> str:
+    """``_expr_text`` plus, for each call of a function of this file in the expression, the text of what it returns."""
+    text = _expr_text(ctx, expr, func)
+    calls = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, node):
+            calls.append(node)
+
+    expr.visit(V())
+    for c in calls[:4]:
+        fn = _callee(ctx, c)
+        if fn is None or fn is func:
+            continue
+        for r in _returns(fn)[:4]:
+            text += " " + _expr_text(ctx, r, fn)
+    return text
+
+
+def _param_default(ctx, expr, func):
+    """For a name that is a parameter of ``func`` (not re-bound there): its literal default, else None."""
+    if not isinstance(expr, cst.Name) or func is None:
+        return None
+    from bertlint.analysis.symbols import literal
+
+    for p in list(func.params.params) + list(func.params.kwonly_params):
+        if p.name.value == expr.value and p.default is not None:
+            v = literal(p.default)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return None
+
+
+def _value_of(node):
+    if isinstance(node, (cst.Arg, cst.DictElement)):
+        return node.value
+    if isinstance(node, cst.BaseExpression):  # a key of a dict spread into the constructor: its own expression
+        return node
+    return None
+
+
+def _field_node(ta, name):
+    """The keyword / dict entry / spread dict value that sets field ``name`` explicitly, or None."""
+    node = ta.keyword_node(name)
+    if isinstance(node, cst.Arg):
+        return node if node.keyword is not None and node.keyword.value == name else None
+    if isinstance(node, cst.DictElement):
+        return node if isinstance(node.key, cst.SimpleString) and node.key.evaluated_value == name else None
+    if isinstance(node, cst.BaseExpression):
+        return node
+    return None
+
+
 @rule("BL410", "step-units", Severity.INFO,
       "logging/eval/save/warmup/max steps computed in micro-batches although they count optimizer steps")
 def check(ctx) -> None:
+    _trainer_args(ctx)
+    _loops(ctx)
+
+
+def _trainer_args(ctx) -> None:
     if "len(" not in ctx.source:
         return
     for ta in ctx.setup.training_args:
         n = ta.int("gradient_accumulation_steps")
-        if n is None or n <= 1:
+        ga_node = _field_node(ta, "gradient_accumulation_steps")
+        ga_expr = _value_of(ga_node)
+        if n is not None and n <= 1:
             continue
-        ga_node = ta.keyword_node("gradient_accumulation_steps")
-        ga_text = code_of(ga_node.value) if isinstance(ga_node, cst.Arg) else None
+        default = None
+        if n is None:
+            # configurable accumulation (a parameter, an argparse / dataclass value): the unit mix-up bites whenever
+            # it is above 1; a literal or an unseen value stays silent
+            if ga_expr is None or isinstance(ga_expr, (cst.Integer, cst.Float)):
+                continue
+            default = _param_default(ctx, ga_expr, ta.func)
+            if default is not None and default <= 1:
+                continue
+        ga_text = code_of(ga_expr) if ga_expr is not None else None
         # names the accumulation is derived from, other than the per-device batch's own: a step count divided by
         # one of them (``GA = GLOBAL // MICRO``; ``len(ds) // GLOBAL``) counts optimizer steps already
-        ga_names = _names_of(ctx, ga_node.value, ta.func) if isinstance(ga_node, cst.Arg) else set()
-        bs_node = ta.keyword_node("per_device_train_batch_size")
-        if isinstance(bs_node, cst.Arg):
-            ga_names -= _names_of(ctx, bs_node.value, ta.func)
+        ga_names = _names_of(ctx, ga_expr, ta.func) if ga_expr is not None else set()
+        bs_expr = _value_of(_field_node(ta, "per_device_train_batch_size"))
+        if bs_expr is not None:
+            ga_names -= _names_of(ctx, bs_expr, ta.func)
         for name in _STEP_ARGS:
-            node = ta.keyword_node(name)
-            if not isinstance(node, cst.Arg) or node.keyword is None or node.keyword.value != name:
+            node = _field_node(ta, name)
+            value = _value_of(node)
+            if value is None:
                 continue
-            text = _expr_text(ctx, node.value, ta.func)
+            text = _step_text(ctx, value, ta.func)
             if "len(" not in text:
                 continue
-            if ga_names & _names_of(ctx, node.value, ta.func):
+            if ga_names & _names_of(ctx, value, ta.func):
                 continue
             low = text.lower()
-            if "accum" in low or (ga_text and ga_text in text) or f"// {n}" in text or f"/ {n}" in text:
+            if "accum" in low or (ga_text and ga_text in text) or (n is not None and (
+                    f"// {n}" in text or f"/ {n}" in text)):
                 continue
             if isinstance(ta.get(name), float) and name == "warmup_steps" and ta.get(name) < 1:
                 continue
+            if n is not None:
+                times = f"one per {n} micro-batches (gradient_accumulation_steps={n}) — so it is {n}× too large"
+                div = f"`math.ceil(len(train_dataloader) / {n})`"
+            else:
+                dflt = f", default {default}" if default is not None else ""
+                times = (f"one per `{ga_text}` micro-batches (gradient_accumulation_steps = `{ga_text}`{dflt}) — so "
+                         f"it is `{ga_text}`× too large whenever the accumulation is above 1")
+                div = f"`math.ceil(len(train_dataloader) / {ga_text})`"
             ctx.report(
                 node,
-                f"`{name}` is computed from a data length ({code_of(node.value)}), which counts micro-batches, but "
-                f"the Trainer counts `{name}` in optimizer steps — one per {n} micro-batches "
-                f"(gradient_accumulation_steps={n}) — so it is {n}× too large. Fix: divide by "
-                f"gradient_accumulation_steps (e.g. `math.ceil(len(train_dataloader) / {n})`).",
+                f"`{name}` is computed from a data length ({code_of(value).strip()}), which counts micro-batches, but "
+                f"the Trainer counts `{name}` in optimizer steps — {times} (transformers Trainer: `state.global_step` "
+                f"advances once per optimizer step). Fix: divide by gradient_accumulation_steps (e.g. {div}).",
             )
+
+
+def _micro_names(ctx, loop, acc) -> set:
+    """Names holding the micro-batch size: the denominator of the accumulation's definition (``N = B // b``)."""
+    out = set()
+    if acc is None or not acc.text:
+        return out
+    for a in ctx.symbols.assignments_of(acc.text, loop.func)[:2] or ctx.symbols.assignments.get(acc.text, [])[:2]:
+        v = a.value
+        if isinstance(v, cst.BinaryOperation) and isinstance(v.operator, (cst.FloorDivide, cst.Divide)) and \
+                isinstance(v.right, (cst.Name, cst.Attribute)):
+            d = code_of(v.right).strip()
+            out.add(d)
+    return out
+
+
+def _accum_names(ctx, loop, acc) -> set:
+    """The accumulation's name and the names its definition is made of, the micro-batch's excepted (``B`` of
+    ``N = B // b``: ``len(ds) // B`` counts windows)."""
+    if acc is None or not acc.text:
+        return set()
+    out = {acc.text}
+    for a in ctx.symbols.assignments_of(acc.text, loop.func)[:2] or ctx.symbols.assignments.get(acc.text, [])[:2]:
+        v = _Names()
+        a.value.visit(v)
+        out.update(v.names)
+    return out - _micro_names(ctx, loop, acc)
+
+
+def _micro_batch_count(ctx, expr, func, micro: set, accum: set) -> bool:
+    """``expr`` counts micro-batches: a data length (``len(...)``) or a size divided by the micro-batch size, with no
+    accumulation name anywhere along its definition (followed through names, 3 levels)."""
+    names = _names_of(ctx, expr, func)
+    if names & accum or any("accum" in x.lower() for x in names):
+        return False
+    text = _expr_text(ctx, expr, func)
+    if "len(" in text:
+        return True
+    for m in micro:
+        if f"// {m}" in text or f"/ {m}" in text or f"//{m}" in text:
+            return True
+    return False
+
+
+def _loops(ctx) -> None:
+    try:
+        loops = list(ctx.loops)
+    except Exception:  # noqa: BLE001 - the loop model is optional here
+        return
+    for lp in loops:
+        if getattr(lp, "owner", "plain") not in ("plain", "fabric") or not lp.step_gated():
+            continue
+        acc = lp.accum()
+        if acc is None or acc.is_more_than_one() is False:
+            continue
+        counters = [c for c in lp.counters if not c.per_micro_batch and c.name and "." not in c.name]
+        if not counters:
+            continue
+        micro = _micro_names(ctx, lp, acc)
+        accum = _accum_names(ctx, lp, acc)
+        seen = set()
+        for c in counters:
+            for node, other in _uses(ctx, lp.node, c.name):
+                o = code_of(other).strip()
+                if (c.name, o) in seen:
+                    continue  # one report per counter and length (the warmup test and its division)
+                if not _micro_batch_count(ctx, other, lp.func, micro, accum):
+                    continue
+                seen.add((c.name, o))
+                ctx.report(
+                    node,
+                    f"`{code_of(node).strip()}` mixes units: `{c.name}` advances once per optimizer step (it is "
+                    f"incremented with the step, which runs once per {acc.shown} micro-batches), but `{o}` is counted "
+                    f"in micro-batches ({_expr_text(ctx, other, lp.func)[:120].strip()}), so the schedule is {acc.n}× "
+                    f"too long in optimizer steps. Fix: divide `{o}` by the accumulation {acc.shown}, or compare it "
+                    f"with the micro-batch index.",
+                )
+
+
+def _uses(ctx, loop_node, name: str):
+    """(node, other side) for ``name <op> X`` comparisons and ``name / X`` / ``a * name / X`` divisions in the loop
+    body (from the shared node index: no walk of its own)."""
+    out = []
+    idx = ctx.index
+    order = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
+
+    def is_name(e) -> bool:
+        return isinstance(e, cst.Name) and e.value == name
+
+    for node in idx.of(cst.Comparison):
+        if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, order):
+            continue
+        left, right = node.left, node.comparisons[0].comparator
+        if is_name(left):
+            out.append((node, right))
+        elif is_name(right):
+            out.append((node, left))
+    for node in idx.of(cst.BinaryOperation):
+        if not isinstance(node.operator, cst.Divide):
+            continue
+        lhs = node.left
+        if is_name(lhs) or (isinstance(lhs, cst.BinaryOperation) and isinstance(lhs.operator, cst.Multiply) and
+                            (is_name(lhs.left) or is_name(lhs.right))):
+            out.append((node, node.right))  # step / warmup, lr * step / warmup
+    body = loop_node.body
+    inside = [(n, o) for n, o in out if any(a is body for a in idx.ancestors(n))]
+    return [(n, o) for n, o in inside if isinstance(o, (cst.Name, cst.Attribute, cst.BinaryOperation, cst.Call))]

@@ -13,8 +13,8 @@ import libcst as cst
 
 from bertlint.analysis.walk import walk
 
-from bertlint.analysis.evalflow import (ENABLED, eval_reason, forward_receiver, frozen, names_in, no_grad_expr,
-                                        target_names)
+from bertlint.analysis.evalflow import (ENABLED, eval_call_text, eval_reason, forward_receiver, frozen, names_in,
+                                        no_grad_expr, target_names)
 from bertlint.analysis.symbols import dotted, literal
 from bertlint.registry import rule
 from bertlint.types import Applicability, Edit, Position, Severity
@@ -195,15 +195,15 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
                 _caller_backwards(flow, scope):
             return  # handed to a caller that differentiates it
         fwd_text = ctx.module.code_for_node(fwd.func)
-        model = fwd_text.removesuffix(".forward")
+        model = flow.forward_receiver_of(fwd) or fwd_text.removesuffix(".forward")
         ctx.report(
             fwd,
-            f"`{fwd_text}(...)` runs in `{scope.name.value}()` after `{ctx.module.code_for_node(ev)}` with autograd "
+            f"`{fwd_text}(...)` runs in `{scope.name.value}()` after {eval_call_text(flow, ev)} with autograd "
             f"on, and nothing in the function back-propagates: the forward records its graph and keeps its "
             f"activations until the results are dropped, for a backward that never comes (torch 2.x). "
             f"`{model}.eval()` does not turn gradients off. Fix: decorate `{scope.name.value}` with "
             f"`@torch.no_grad()` (or run the forwards under `with torch.no_grad():`).",
-            data={"model": model, "reason": f"after `{ctx.module.code_for_node(ev)}`"},
+            data={"model": model, "reason": f"after {eval_call_text(flow, ev)}"},
         )
         return
 
@@ -292,7 +292,7 @@ def check(ctx) -> None:
             edits = wrap_in_no_grad(ctx, loop, expr)
             if edits:
                 fix = ctx.fix(f"Wrap the evaluation loop in `with {expr}:`", edits, Applicability.SAFE)
-        model = fwd_text.removesuffix(".forward")
+        model = flow.forward_receiver_of(fwd) or fwd_text.removesuffix(".forward")
         ctx.report(
             fwd,
             f"`{fwd_text}(...)` runs in an evaluation loop ({why}) with autograd on: every forward records its "

@@ -22,17 +22,18 @@ def spec_from_setup(*args, **kw):
 __all__ = ["MemoryInputError", "MemorySpec", "simulate", "spec_from_setup"]
 
 
-def explain_estimator(setup, seq_len, world_size, versions=None, device: str = "cuda"):
+def explain_estimator(setup, seq_len, world_size, versions=None, device: str = "cuda", *, ctx=None):
     """A memory estimator for ``bertlint.explain.register_memory_estimator``: simulates the set-up's step and
     returns explain's keys (bytes at the simulated peak, by category), or None when the set-up cannot be
-    simulated (explain then keeps its first-order estimate)."""
-    from bertlint.memory.script import Overrides
-    from bertlint.memory.script import spec_from_setup as _from_setup
+    simulated (explain then keeps its first-order estimate). With the file's ``ctx`` the spec is built exactly as
+    ``bertlint memory`` builds it (the same set-up model and memory scan of the script)."""
+    from bertlint.memory.script import Overrides, spec_for_context
+    from bertlint.memory.simulate import simulate as _simulate  # (importing the submodule rebinds the name simulate)
 
     try:
         ov = Overrides(seq_len=seq_len, world_size=world_size if world_size and world_size > 1 else None)
-        spec = _from_setup(setup, overrides=ov)
-        res = simulate(spec, device)
+        spec = spec_for_context(setup, ctx, overrides=ov)
+        res = _simulate(spec, device)
     except Exception:  # noqa: BLE001 - explain falls back to its first-order arithmetic
         return None
     out = dict(res.by_category)

@@ -325,6 +325,24 @@ def specs_from_script(path: str, text: Optional[str] = None, overrides: Optional
     return [spec_from_setup(s, ctx=ctx, found=found, overrides=ov, base_dir=base_dir) for s in setups]
 
 
+def spec_for_context(setup, ctx, overrides: Optional[Overrides] = None) -> MemorySpec:
+    """The :class:`MemorySpec` of one set-up of the file behind ``ctx``, built as :func:`specs_from_script` builds
+    it (the shared set-up model plus the memory scan of the same tree, base directory beside the file). Without a
+    ``ctx`` only the set-up object is read."""
+    if ctx is None:
+        return spec_from_setup(setup, overrides=overrides)
+    found = getattr(ctx, "_memory_found", None)
+    if found is None:
+        found = _Found()
+        _walk(ctx, found)
+        try:
+            ctx._memory_found = found
+        except AttributeError:
+            pass
+    base_dir = os.path.dirname(os.path.abspath(ctx.filename))
+    return spec_from_setup(setup, ctx=ctx, found=found, overrides=overrides, base_dir=base_dir)
+
+
 # PEFT's default LoRA target modules per model type (peft.utils.constants
 # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
 PEFT_TARGETS = {

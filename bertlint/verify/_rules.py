@@ -242,6 +242,16 @@ def check_bl107(run: Run, d) -> tuple:
     sizes = run.sizes("in_grad") or run.sizes()
     if len(sizes) < 2:
         return INCONCLUSIVE, f"{run.ran_header()}: fewer than two optimizer steps observed"
+    if isinstance(d.data, dict) and d.data.get("tail"):
+        # the epoch's tail: a window longer than the others is the leaked tail; none longer is no evidence either
+        # way (the run's loader may hold a multiple of N micro-batches, or the tail was dropped by a zero_grad)
+        k = Counter(sizes[1:]).most_common(1)[0][0]
+        longer = [s for s in sizes if s > k]
+        if k > 1 and longer:
+            return CONFIRMED, (f"windows of {k} micro-batches, but one of {longer[0]}: the epoch's last partial window "
+                               f"was added to the next epoch's first update")
+        return INCONCLUSIVE, (f"{run.ran_header()}: windows of {sorted(set(sizes))[:4]} micro-batches; whether an epoch "
+                              f"leaves a partial window depends on len(loader) % N")
     first, rest = sizes[0], sizes[1:]
     k = Counter(rest).most_common(1)[0][0]
     if k <= 1:
