@@ -154,12 +154,14 @@ def _release(ctx) -> None:
     walk.release_children()
 
 
-def lint_python(source: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
+def lint_python(source: str, filename: str, settings: Optional[Settings] = None, parse=None) -> list[Diagnostic]:
+    """``parse``: what turns the text into a module or a syntax error (default ``parse_python``; the language
+    server passes one that re-parses only the statements an edit touched, ``bertlint.incremental``)."""
     settings = settings or Settings()
     if not _PREFILTER.search(source):
         return []
     with _NoGC():
-        module = parse_python(source)
+        module = (parse or parse_python)(source)
         if isinstance(module, tuple):
             if not settings.is_enabled("BL001"):
                 return []
