@@ -358,9 +358,20 @@ def literal(expr: Optional[cst.BaseExpression]) -> Any:
     """A Python literal for literal expressions, else UNKNOWN."""
     if expr is None:
         return UNKNOWN
+    tp = type(expr)
+    if tp is cst.Integer:
+        try:
+            return int(expr.value, 0)  # 0x10, 1_000 (an old-style 010 is not Python 3: literal_eval below says so)
+        except ValueError:
+            pass
+    elif tp is cst.Float:
+        try:
+            return float(expr.value)
+        except ValueError:
+            pass
     if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
         try:
-            return ast.literal_eval(code_of(expr))
+            return ast.literal_eval(expr.value if tp is cst.SimpleString else code_of(expr))
         except Exception:
             return UNKNOWN
     if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):
