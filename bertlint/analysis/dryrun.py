@@ -1220,6 +1220,9 @@ class _Runner:
                     k, _ = self.dr.role(recv, frame.func)
                     if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
                         acc = True
+                        sites = self.trace.sites.setdefault("accumulate", [])
+                        if all(x is not e for x in sites):
+                            sites.append(e)
                         self._enter_accumulate()
                         continue
                 if attr in ("no_sync", "no_backward_sync"):
