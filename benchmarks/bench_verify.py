@@ -7,7 +7,7 @@
    stopped); each run times its
    own steps (forward + backward + optimizer step) and the benchmark compares medians. Runs alternate
    (plain, instrumented, plain, instrumented, ...) to spread machine noise over both. Target: <= 5 %.
-2. The wall time of ``verify_script`` on the same script with the default bound (2 optimizer steps + 1
+2. The wall time of ``verify_script`` on the same script with the default bound (3 optimizer steps + 1
    micro-batch), from the call to the report.
 
     python benchmarks/bench_verify.py [--steps 6] [--reps 2] [--batch 2] [--seq 128] [--layers 12]

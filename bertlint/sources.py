@@ -128,7 +128,14 @@ def decode(data: bytes, python: bool = True) -> tuple[str, str]:
     try:
         codecs.lookup(enc)
     except LookupError:
-        raise DecodeError(f"unknown encoding {enc!r} in the coding line (PEP 263)", 1, 1) from None
+        # a codec a package registers at start-up (``# -*- coding: future_fstrings -*-``): the file itself is UTF-8
+        # source for Pythons that parse it natively; read it so, or say what is unknown
+        try:
+            return data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            pass
+        raise DecodeError(f"unknown encoding {enc!r} in the coding line (PEP 263), and the file is not UTF-8 "
+                          f"text", 1, 1) from None
     try:
         return data.decode(enc), enc
     except UnicodeDecodeError as e:

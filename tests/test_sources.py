@@ -55,7 +55,16 @@ def test_invalid_utf8_is_reported_at_the_byte(tmp_path):
 
 def test_unknown_declared_encoding(tmp_path):
     with pytest.raises(DecodeError, match="unknown encoding 'klingon'"):
-        decode(b"# coding: klingon\nimport torch\n")
+        decode(b"# coding: klingon\nimport torch\nx = '\xff'\n")
+
+
+def test_codec_registered_by_a_package_reads_as_utf8(tmp_path):
+    # future-fstrings registers its codec from a .pth file; the source is UTF-8 that Python 3.6+ parses natively
+    text, enc = decode("# -*- coding: future_fstrings -*-\nname = 'é'\nprint(f'{name}')\n".encode())
+    assert enc == "utf-8" and "f'{name}'" in text
+    p = tmp_path / "train.py"
+    p.write_bytes(b"# -*- coding: future_fstrings -*-\nimport torch\nprint(f'{torch.__name__}')\n")
+    assert [d.code for d in check_file(str(p), S).diagnostics] == []
 
 
 def test_binary_file_is_skipped_with_a_warning(tmp_path):

@@ -21,7 +21,10 @@ def test_lightning_double_division_is_confirmed_by_the_observed_loss_scale():
     (d,) = [x for x in res.diagnostics if x.code == "BL104"]
     assert d.verification.status == "confirmed", d.verification.evidence
     # Lightning divides by 4 and the script divides by 4 again: 1/16 reaches backward
-    assert "0.0625" in d.verification.evidence and "1/4²" in d.verification.evidence
+    ev = d.verification.evidence
+    assert ev.startswith("observed: micro-batch 1: backward with loss × 1/N² = 1/16 (`/ N` by hand and Lightning's "
+                         "own `/ N`) → a window of 4 micro-batches weighs 1/4 in all, not 1"), ev
+    assert "loss × 1/N² = 1/16 at backward (0.0625 observed)]" in ev
     # the window is 4 micro-batches per optimizer step, as accumulate_grad_batches says
     assert "optimizer steps" in res.report_text
 

@@ -67,8 +67,32 @@ def test_accumulation_from_the_command_line_is_found_at_runtime_without_a_static
     (d,) = [d for d in res.diagnostics if d.code == "BL101"]
     assert d.data.get("runtime_only") and d.start.row == 19
     assert d.verification.status == "confirmed"
-    assert "one update per micro-batch (window sizes [1, 1, 1]) while the loss is scaled by 0.25 = 1/4" in \
-        d.verification.evidence
+    ev = d.verification.evidence
+    assert ev.startswith("observed: micro-batches 1–4: backward, then `optimizer.step()` after each → each update "
+                         "sees one micro-batch weighted 1/N = 1/4 instead of 4 micro-batches summing to 1"), ev
+    assert "loss × 1/N = 1/4 at backward (0.25 observed)]" in ev
     assert res.outcome == "verified" and res.exit_code == 1
     res = verify_script(str(V / "accum_from_argv.py"), ["--grad-accum", "1"], [], timeout=60)
     assert [d.code for d in res.diagnostics] == [] and res.exit_code == 0
+
+
+def test_the_report_prints_the_static_set_up_and_where_the_run_differs():
+    """The set-up the verifier verifies is the static set-up model's (the facts `explain` prints, with their
+    sources); the run's own micro-batch and window length, read at runtime from arguments, are reported where they
+    differ — and the bound follows the run's longer windows (three of them), not the static N = 2."""
+    res = verify_script(str(V / "setup_from_args.py"), ["--batch-size", "4", "--grad-accum", "4"], [], timeout=120)
+    assert res.outcome == "verified", res.report_text
+    st = res.report_json["setup"]
+    assert st["accumulation"] == {"value": 2, "source": "`args.grad_accum` (gate)"}
+    assert st["micro_batch"] == {"value": 8, "source": "DataLoader batch_size (argparse default of --batch-size)"}
+    assert "set-up verified (plain, line 17), as `bertlint explain` reads it:" in res.report_text
+    diffs = res.report_json["setup_differences"]
+    assert any(d.startswith("the run observed accumulation N 4 (micro-batches per optimizer step (4, 4))")
+               and d.endswith("where the static set-up says 2 (`args.grad_accum` (gate))") for d in diffs), diffs
+    assert any(d.startswith("the run observed micro-batch 4 (leading dimension of the training forwards' input)")
+               for d in diffs), diffs
+    assert "  set-up differs: the run observed micro-batch 4" in res.report_text
+    assert res.report_json["optimizer_steps"] == 3 and res.report_json["microbatches"] == 13
+    # the same file run with its defaults: what the static set-up says is what the run does
+    res = verify_script(str(V / "setup_from_args.py"), [], [], timeout=120)
+    assert res.report_json["setup_differences"] == [] and res.report_json["microbatches"] == 7

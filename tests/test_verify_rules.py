@@ -100,23 +100,6 @@ def test_tracker_keeps_no_graph_alive_and_keeps_the_inplace_error():
 # ---- decisions ---------------------------------------------------------------------------------------------------
 
 
-def test_double_division_confirmed_and_single_refuted():
-    bw = [{"factor": 1 / 16, "loss": 0.04} for _ in range(8)]
-    run = Run([rec(accumulation=4, backwards=bw, windows=[win(1, 4, 4), win(2, 8, 4)])], None)
-    st, ev = verify_diagnostic(run, d("BL104"), [])
-    assert st == "confirmed" and "1/4²" in ev
-    bw = [{"factor": 0.25} for _ in range(8)]
-    run = Run([rec(accumulation=4, backwards=bw, windows=[win(1, 4, 4), win(2, 8, 4)])], None)
-    assert verify_diagnostic(run, d("BL104"), [])[0] == "refuted"
-
-
-def test_unscaled_loss_with_accumulation_confirms_bl103():
-    bw = [{"factor": 1.0} for _ in range(8)]
-    run = Run([rec(backwards=bw, windows=[win(1, 4, 4), win(2, 8, 4)])], None)
-    st, ev = verify_diagnostic(run, d("BL103", sev="W"), [])
-    assert st == "confirmed" and "the update is 4× the mean gradient" in ev
-
-
 def test_step_counter_counting_microbatches_bl110():
     lines = ["x"] * 9 + ["    global_step += 1"]
     watch = {"global_step": [[i, i // 4, i] for i in range(1, 10)]}
@@ -154,15 +137,6 @@ def test_pure_bf16_weights_bl205():
     assert verify_diagnostic(Run([rec(bf16_changes=ch)], None), d("BL205", sev="W"), [])[0] == "refuted"
 
 
-def test_scaler_update_without_step_bl202():
-    sc = [{"k": "scaler_scale"}, {"k": "scaler_update"}, {"k": "scaler_scale"}, {"k": "scaler_step"},
-          {"k": "scaler_update"}]
-    st, ev = verify_diagnostic(Run([rec(scaler=sc)], None), d("BL202"), [])
-    assert st == "confirmed" and "1 updates" in ev
-    sc = [{"k": "scaler_scale"}, {"k": "scaler_unscale"}, {"k": "scaler_step"}, {"k": "scaler_update"}]
-    assert verify_diagnostic(Run([rec(scaler=sc)], None), d("BL202"), [])[0] == "refuted"
-
-
 def test_crash_texts_confirm_configuration_rules_and_others_stay_inconclusive():
     crash = {"type": "TypeError", "message": "MyTrainer.compute_loss() got an unexpected keyword argument "
              "'num_items_in_batch'", "user_frame": ["/x/train.py", 50]}
@@ -195,41 +169,103 @@ def test_growth_rate_and_levers_order():
     assert m["oom"]["phase"] == "backward" and m["oom"]["levers"][0]["lever"].startswith("halve the micro-batch")
 
 
-def test_diverging_ranks_confirm_bl114_error_and_identical_ranks_refute_it():
-    w0 = [win(1, 4, 4, sync_passes=0, grad_checksum=0.5), win(2, 8, 4, sync_passes=0, grad_checksum=0.7)]
-    w1 = [win(1, 4, 4, sync_passes=0, grad_checksum=0.4), win(2, 8, 4, sync_passes=0, grad_checksum=0.9)]
-    ddp = {"world_size": 2}
-    run = Run([rec(windows=w0, ddp=ddp), rec(rank=1, windows=w1, ddp=ddp)], None)
-    st, ev = verify_diagnostic(run, d("BL114"), [])
-    assert st == "confirmed" and "replicas diverge" in ev
-    w1 = [dict(w, grad_checksum=w0[i]["grad_checksum"], sync_passes=1) for i, w in enumerate(w1)]
-    w0 = [dict(w, sync_passes=1) for w in w0]
-    run = Run([rec(windows=w0, ddp=ddp), rec(rank=1, windows=w1, ddp=ddp)], None)
-    assert verify_diagnostic(run, d("BL114"), [])[0] == "refuted"
-    assert verify_diagnostic(run, d("BL114", sev="W"), [])[0] == "refuted"
-
-
 # ---- one definition: the linter's invariants on the observed trace (bertlint.trace) -------------------------------
 
 
-def _loop_record(n_mb=9, accumulation=4, sched_every_mb=False, zero_every_mb=False):
+def _loop_record(n_mb=9, accumulation=4, sched_every_mb=False, zero_every_mb=False, factor=None, offset=0,
+                 record_n=True, **kw):
+    """A plain loop's record as the child writes it: backward on every micro-batch, the step when
+    ``(i + 1 + offset) % accumulation == 0``."""
     ev, bws = [], []
     f = "/x/train.py"
+    steps = 0
     for i in range(n_mb):
         if zero_every_mb:
             ev.append({"k": "zero_grad", "mb": i, "kind": "optimizer", "oid": "SGD@1", "line": [f, 9]})
         ev.append({"k": "backward", "mb": i, "line": [f, 11]})
-        bws.append({"factor": 1 / accumulation})
+        bws.append({"factor": 1 / accumulation if factor is None else factor, **kw.get("bw", {})})
         if sched_every_mb:
             ev.append({"k": "scheduler_step", "mb": i + 1, "cls": "LambdaLR", "line": [f, 12]})
-        if (i + 1) % accumulation == 0:
+        if (i + 1 + offset) % accumulation == 0:
+            steps += 1
             ev.append({"k": "optimizer_step", "mb": i + 1, "opt": "SGD", "oid": "SGD@1", "line": [f, 14]})
             if not zero_every_mb:
                 ev.append({"k": "zero_grad", "mb": i + 1, "kind": "optimizer", "oid": "SGD@1", "line": [f, 15]})
-    k = n_mb // accumulation
-    wins = [win(i + 1, (i + 1) * accumulation, accumulation, 1 if zero_every_mb else accumulation) for i in range(k)]
-    return rec(accumulation=accumulation, events=ev, backwards=bws, microbatches=n_mb, optimizer_steps=k,
-               windows=wins)
+    extra = {k: v for k, v in kw.items() if k != "bw"}
+    return rec(accumulation=accumulation if record_n else None, events=ev, backwards=bws, microbatches=n_mb,
+               optimizer_steps=steps, **extra)
+
+
+def test_double_division_by_the_script_and_accelerate_is_confirmed_and_single_refuted():
+    acc = {"backward_calls": 12, "gradient_accumulation_steps": 4}
+    r = _loop_record(13, factor=1 / 16, accelerate=acc, bw={"via_accelerate": True})
+    st, ev = verify_diagnostic(Run([r], None), d("BL104"), [])
+    assert st == "confirmed", ev
+    assert "observed: micro-batch 1: backward with loss × 1/N² = 1/16" in ev and "accelerate's own" in ev
+    assert "weighs 1/4 in all" in ev
+    r = _loop_record(13, factor=1 / 4, accelerate=acc, bw={"via_accelerate": True})
+    st, ev = verify_diagnostic(Run([r], None), d("BL104"), [])
+    assert st == "refuted" and "divided by N once (N = 4)" in ev and "(0.25 observed)" in ev
+
+
+def test_unscaled_loss_with_accumulation_confirms_bl103_quoting_the_windows():
+    st, ev = verify_diagnostic(Run([_loop_record(13, factor=1.0)], None), d("BL103", sev="W"), [])
+    assert st == "confirmed"
+    assert "observed: micro-batches 1–4: backward ×4 with loss × 1 each" in ev and "4× the window's mean" in ev
+    assert "[13 micro-batches, 3 optimizer steps (after micro-batches 4, 8, 12: windows of 4, 4, 4); loss × 1 at " \
+        "backward (1 observed)]" in ev
+    st, ev = verify_diagnostic(Run([_loop_record(13)], None), d("BL103", sev="W"), [])
+    assert st == "refuted" and "a window of 4 weighs 1" in ev
+
+
+def test_first_window_check_needs_three_windows_and_says_so():
+    # `if i % N == 0` on a 0-based index: steps after micro-batches 1, 5, 9 ...
+    short = _loop_record(9, offset=3, record_n=True)
+    short["events"] = [e for e in short["events"] if not (e["k"] != "backward" and e["mb"] > 5)]
+    short["backwards"], short["events"] = short["backwards"][:6], [e for e in short["events"] if e["mb"] <= 5]
+    st, ev = verify_diagnostic(Run([short], None), d("BL107", sev="W"), [])
+    assert st == "inconclusive" and ev.startswith("not exercised: the run stopped at the bound")
+    assert "after 2 optimizer steps; the check needs 3 windows (the first window and two full ones" in ev
+    st, ev = verify_diagnostic(Run([_loop_record(13, offset=3)], None), d("BL107", sev="W"), [])
+    assert st == "confirmed" and "after the 1st micro-batch, then every 4" in ev
+    st, ev = verify_diagnostic(Run([_loop_record(13)], None), d("BL107", sev="W"), [])
+    assert st == "refuted" and "the first window has 4 micro-batches, like the next ones" in ev
+
+
+def test_scaler_update_without_step_bl202():
+    f = "/x/train.py"
+    ev = []
+    for i in range(8):
+        ev += [{"k": "backward", "mb": i, "line": [f, 10]}, {"k": "scaler_update", "mb": i + 1, "line": [f, 12]}]
+        if (i + 1) % 4 == 0:
+            ev += [{"k": "optimizer_step", "mb": i + 1, "oid": "A", "line": [f, 13]},
+                   {"k": "scaler_step", "mb": i + 1, "stepped": True, "oid": "A", "line": [f, 13]}]
+    r = rec(events=ev, backwards=[{"factor": 0.25, "scaler_scale": 65536.0}] * 8, accumulation=4, microbatches=8)
+    st, e = verify_diagnostic(Run([r], None), d("BL202"), [])
+    assert st == "confirmed" and "No inf checks were recorded" in e
+    ok = [x for x in ev if x["k"] != "scaler_update" or x["mb"] % 4 == 0]
+    ok = sorted(ok, key=lambda x: (x["mb"], x["k"] == "scaler_update"))
+    st, e = verify_diagnostic(Run([dict(r, events=ok)], None), d("BL202"), [])
+    assert st == "refuted" and "one per optimizer step" in e
+
+
+def test_unsynced_last_micro_batch_under_ddp_confirms_bl114_and_diverging_ranks_are_quoted():
+    sync = [{"ddp_sync": (i + 1) % 4 == 0, "in_no_sync": (i + 1) % 4 != 0, "factor": 0.25} for i in range(13)]
+    bad = [{"ddp_sync": False, "in_no_sync": True, "factor": 0.25} for _ in range(13)]
+    ddp = {"world_size": 2, "no_sync_entries": 9}
+    w0 = [win(1, 4, 4, grad_checksum=0.5)]
+    w1 = [win(1, 4, 4, grad_checksum=0.4)]
+    r0 = _loop_record(13, ddp=ddp, windows=w0)
+    r1 = _loop_record(13, ddp=ddp, windows=w1, rank=1)
+    r0["backwards"] = r1["backwards"] = bad
+    st, ev = verify_diagnostic(Run([r0, r1], None), d("BL114"), [])
+    assert st == "confirmed" and "no all-reduce before the update" in ev and "replicas diverge" in ev
+    r0["backwards"] = r1["backwards"] = sync
+    r1["windows"] = w0
+    st, ev = verify_diagnostic(Run([r0, r1], None), d("BL114"), [])
+    assert st == "refuted" and "forwarded with gradient sync on" in ev
+    st, ev = verify_diagnostic(Run([_loop_record(13)], None), d("BL114"), [])
+    assert st == "inconclusive" and "DistributedDataParallel was not initialised" in ev
 
 
 def test_observed_trace_has_the_windows_and_scales_of_the_run():
@@ -248,7 +284,7 @@ def test_static_finding_is_confirmed_by_its_invariant_on_the_observed_trace():
     assert "observed: micro-batches 1–4: backward ×4" in ev and "gradients of" in ev and "erased" in ev
     # the correct loop: the invariant holds, the checker refutes
     st, ev = verify_diagnostic(Run([_loop_record()], None), d("BL102", row=9), [])
-    assert st == "refuted" and "observed:" not in ev
+    assert st == "refuted" and ev.startswith("observed, the invariant holds: 9 micro-batches, 2 optimizer steps")
 
 
 def test_violated_invariant_is_reported_at_runtime_without_a_static_finding():
@@ -257,7 +293,31 @@ def test_violated_invariant_is_reported_at_runtime_without_a_static_finding():
     assert f["line"] == ["/x/train.py", 12]
     assert f["evidence"].startswith("observed: micro-batches 5–8: backward ×4, `scheduler.step()` ×4, ")
     assert "4× too fast" in f["evidence"]
-    # accumulation known only from the loss scale (0.25 could be a loss weight): no invariant finding
-    r = _loop_record(sched_every_mb=True)
-    r["accumulation"] = None
-    assert not [x for x in runtime_findings(Run([r], None), set()) if x["code"] == "BL105"]
+    # the scheduler check does not read N: found with no accumulation setting too
+    r = _loop_record(sched_every_mb=True, record_n=False)
+    assert [x["code"] for x in runtime_findings(Run([r], None), set())] == ["BL105"]
+    # an invariant that reads N, with N known only from the loss scale (0.25 could be a loss weight): not reported
+    r = _loop_record(13, offset=3, record_n=False)
+    assert not [x for x in runtime_findings(Run([r], None), set()) if x["code"] == "BL107"]
+    r = _loop_record(13, offset=3)
+    (f,) = [x for x in runtime_findings(Run([r], None), set()) if x["code"] == "BL107"]
+    assert f["line"] == ["/x/train.py", 14] and f["message"].endswith("Step when `(i + 1) % N == 0`.")
+
+
+def test_epoch_tail_finding_is_confirmed_by_a_longer_window_and_never_refuted():
+    tail = {"kind": "leaked"}
+    r = _loop_record(13)
+    st, ev = verify_diagnostic(Run([r], None), d("BL107", sev="W", tail=tail), [])
+    assert st == "inconclusive" and ev.startswith("not exercised: 13 micro-batches, 3 optimizer steps") \
+        and "needs an epoch's end with a partial window" in ev
+    # the last 2 micro-batches of an epoch of 10 were not stepped: the next update sums 6
+    f = "/x/train.py"
+    ev_ = []
+    for i in range(16):
+        ev_.append({"k": "backward", "mb": i, "line": [f, 11]})
+        if i + 1 in (4, 8, 14):
+            ev_ += [{"k": "optimizer_step", "mb": i + 1, "oid": "A", "line": [f, 14]},
+                    {"k": "zero_grad", "mb": i + 1, "kind": "optimizer", "oid": "A", "line": [f, 15]}]
+    r = rec(accumulation=4, events=ev_, backwards=[{"factor": 0.25}] * 16, microbatches=16)
+    st, ev = verify_diagnostic(Run([r], None), d("BL107", sev="W", tail=tail), [])
+    assert st == "confirmed" and "micro-batches 9–14: backward ×6" in ev and "the other windows hold 4" in ev

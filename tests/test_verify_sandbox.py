@@ -60,7 +60,9 @@ def test_import_environment_is_the_one_of_python_script(tmp_path):
     a, b = json.loads(plain.read_text()), json.loads(verified.read_text())
     assert b == a
     assert a["path"][0] == str(V)  # python puts the script's folder first, not the working directory
-    assert str(ROOT) not in b["path"] and b["pythonpath"] == os.environ.get("PYTHONPATH")
+    # bertlint's own root is not added (it is there only when the environment's PYTHONPATH names it)
+    in_env = str(ROOT) in (os.environ.get("PYTHONPATH") or "").split(os.pathsep)
+    assert (str(ROOT) in b["path"]) == in_env and b["pythonpath"] == os.environ.get("PYTHONPATH")
     assert res.outcome == "no-training" and res.exit_code == 3
 
 
@@ -75,3 +77,29 @@ def test_lightning_defaults_write_nothing_where_the_script_runs(tmp_path, monkey
     assert tree(tmp_path) == before  # no lightning_logs/, no checkpoint, the user's checkpoint untouched
     what = {e["what"] for e in res.report_json["redirected"]}
     assert {"Lightning default_root_dir (lightning_logs, checkpoints)", "Lightning ModelCheckpoint dirpath"} <= what
+
+
+def test_loads_from_a_redirected_output_folder_read_the_run_s_copy_not_the_user_s_stale_files(tmp_path):
+    """AutoConfig / AutoModel / torch.load of what the run just saved read the sandbox copy; an older out/model the
+    user keeps (another architecture, a stale sub-folder) is neither read nor changed."""
+    import shutil
+
+    script = tmp_path / "reload_output.py"
+    shutil.copy(V / "reload_output.py", script)
+    stale = tmp_path / "out" / "model"
+    (stale / "old-run").mkdir(parents=True)
+    cfg = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 48, "num_hidden_layers": 3,
+           "num_attention_heads": 3, "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 32}
+    (stale / "config.json").write_text(json.dumps(cfg))
+    (stale / "old-run" / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "out" / "state.pt").write_bytes(b"not a torch file")
+    before = tree(tmp_path / "out")
+    res = verify_script(str(script), [], [], timeout=120, report_dir=str(tmp_path / "report"))
+    log = (tmp_path / "report" / "script_output.log").read_text()
+    assert res.outcome == "verified", res.report_text + log
+    assert "reloaded: hidden_size=32 layers=1 same_weights=True state={'step': 2}" in log, log
+    assert "old-run: not found" in log, log
+    assert tree(tmp_path / "out") == before
+    what = {e["what"] for e in res.report_json["redirected"]}
+    assert "AutoConfig.from_pretrained: read the run's copy" in what, what
+    assert "AutoConfig.from_pretrained: not written by the run (the user's files are not read)" in what, what

@@ -527,6 +527,36 @@ def _manual_steps(dr) -> list:
         out.append(ManualStep(dr, meth, cls))
     out.extend(_ignite_steps(dr))
     out.extend(_counter_methods(dr, {id(m.func) for m in out}))
+    out.extend(_scaler_step_fns(dr, {id(m.func) for m in out}))
+    return out
+
+
+def _scaler_step_fns(dr, taken: set) -> list:
+    """Functions handed a GradScaler that step through it and clip, with no backward of their own
+    (``Updater.step(self, grad_scaler=None)``: the caller ran ``grad_scaler.scale(loss).backward()`` — the scaler's
+    ``step()`` needs it — and hands the scaler in for the update)."""
+    out = []
+    f = dr.f
+    t = f.t
+    with_bw = {id(func) for _, func in t.backward_calls if func is not None}
+    clips = {id(func) for _, name, func in t.calls
+             if func is not None and name.split(".")[-1] in ("clip_grad_norm_", "clip_grad_value_")}
+    seen = set()
+    for call, name, func in t.calls:
+        if func is None or id(func) in seen or id(func) in taken or id(func) in with_bw or id(func) not in clips:
+            continue
+        parts = name.split(".")
+        if len(parts) != 2 or parts[1] != "step" or positional(call, 0) is None:
+            continue
+        params = {p.name.value: p for p in list(func.params.params) + list(func.params.kwonly_params)}
+        p = params.get(parts[0])
+        if p is None:
+            continue
+        ann = dr.code(p.annotation.annotation) if p.annotation is not None else ""
+        if "GradScaler" not in ann and dr.role(parts[0], func)[0] != "scaler":
+            continue
+        seen.add(id(func))
+        out.append(ManualStep(dr, func, f.class_of(func), "scaler_fn"))
     return out
 
 
@@ -583,33 +613,36 @@ def _counter_methods(dr, taken: set) -> list:
     for lp in f:
         called.update(id(c) for c in lp.callees)
     stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
-    for cname, meths in f.c.class_methods.items():
-        cls = f.t.classes.get(cname)
-        for mname, fn in meths.items():
-            if id(fn) in taken or id(fn) in called or id(fn) in stepping or mname.startswith("__"):
-                continue
-            counters = set()
-            for n in _walk(fn.body):
-                if type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign:
-                    d = dotted(n.target)
-                    if d is not None and d.startswith("self.") and d.count(".") == 1:
-                        counters.add(d)
-            if not counters:
-                continue
-            gated = False
-            for n in _walk(fn.body):
-                if type(n) in (cst.If, cst.Assign):
-                    part = n.test if type(n) is cst.If else n.value
-                    if type(part) in (cst.Comparison, cst.BooleanOperation) or type(n) is cst.If:
-                        names = set(_names(part))
-                        if names & counters:
-                            gated = True
-                            break
-            if not gated:
-                continue
-            if not f._has_backward(fn.body, cls, 0, set()) or not _steps_somewhere(dr, fn, cls):
-                continue
-            out.append(ManualStep(dr, fn, cls, "method"))
+    cands: dict = {}  # the methods that advance a ``self.x += ...`` counter (from the symbol table: no walk)
+    for name, sites in f.t.aug_assigns.items():
+        if not name.startswith("self.") or name.count(".") != 1:
+            continue
+        for node, fn in sites:
+            if fn is not None and type(node.operator) is cst.AddAssign:
+                cands.setdefault(id(fn), (fn, set()))[1].add(name)
+    if not cands:
+        return out
+    with_bw = {id(func) for _, func in f.t.backward_calls if func is not None}
+    for fn, counters in cands.values():
+        cls = f.class_of(fn)
+        if cls is None or fn.name.value.startswith("__") or id(fn) not in with_bw:
+            continue  # the backward in the method itself (the symbol table's list of backward calls)
+        if id(fn) in taken or id(fn) in called or id(fn) in stepping:
+            continue
+        gated = False
+        for n in _walk(fn.body):
+            if type(n) in (cst.If, cst.Assign):
+                part = n.test if type(n) is cst.If else n.value
+                if type(part) in (cst.Comparison, cst.BooleanOperation) or type(n) is cst.If:
+                    names = set(_names(part))
+                    if names & counters:
+                        gated = True
+                        break
+        if not gated:
+            continue
+        if not _steps_somewhere(dr, fn, cls):
+            continue
+        out.append(ManualStep(dr, fn, cls, "method"))
     return out
 
 
@@ -699,6 +732,9 @@ class _Runner:
         self.epoch = 0
         self.certain = True
         self.conds: list = []
+        self.arms: list = []  # (condition text, polarity, last store of a name it reads) of the undecided ifs entered
+        self.store_seq = 0
+        self.last_store: dict = {}
         self.no_sync = 0
         self.in_acc = 0
         self.sync: Optional[bool] = True
@@ -878,7 +914,7 @@ class _Runner:
         self._outermost = fn
         params = [p.name.value for p in fn.params.params]
         idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
-        first = 1 if kind in ("lightning", "method") and params and params[0] in ("self", "cls") else 0
+        first = 1 if kind != "ignite" and params and params[0] in ("self", "cls") else 0
         self.in_micro += 1
         for ep in range(2):
             self.epoch = ep
@@ -890,6 +926,9 @@ class _Runner:
                     frame.locals[nm] = UNK
                 if idx_name:
                     frame.locals[idx_name] = Num(k)
+                if kind == "scaler_fn":
+                    # each call is one update of gradients the caller produced through the scaler it hands in
+                    self.scaled = self.scaler_on
                 if kind == "ignite" and params:
                     # ignite's State: iteration counts from 1 over the whole run, epoch from 1
                     frame.locals[params[0] + ".state.iteration"] = Num(self.mb + 1)
@@ -899,7 +938,7 @@ class _Runner:
         self.in_micro -= 1
         self.trace.epochs = 2
         self.trace.epoch_len = self.length
-        if kind in ("lightning", "method"):
+        if kind in ("lightning", "method", "scaler_fn"):
             # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
             # the call: no claim that it never does
             self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()
@@ -1152,16 +1191,20 @@ class _Runner:
         saved = self.certain
         self.certain = False
         self.conds.append((line, stmt.test))
+        arm_key = _norm(self.dr.code(stmt.test))
+        arm_seq = max((self.last_store.get(nm, 0) for nm in self.dr.names_calls(stmt.test)[0]), default=0)
+        self.arms.append((arm_key, True, arm_seq))
         before_l, before_s = dict(frame.locals), dict(self.shared)
         self.store_logs.append(set())
         arm1 = None
         try:
             self._block(_body(stmt.body), frame, chain, level)
+            self.arms[-1] = (arm_key, False, arm_seq)
             stored1 = self.store_logs.pop()
             arm1 = (dict(frame.locals), dict(self.shared), stored1)
             self.store_logs.append(set())
-            _restore(frame.locals, before_l)
-            _restore(self.shared, before_s)
+            _restore(frame.locals, before_l, stored1)
+            _restore(self.shared, before_s, stored1)
             if stmt.orelse is not None:
                 if isinstance(stmt.orelse, cst.If):
                     self._if(stmt.orelse, frame, chain, level)
@@ -1170,6 +1213,7 @@ class _Runner:
         finally:
             self.certain = saved
             self.conds.pop()
+            self.arms.pop()
             stored = self.store_logs.pop()
             if arm1 is not None:
                 _merge_arms(frame.locals, before_l, arm1[0], arm1[2], stored)
@@ -1394,6 +1438,8 @@ class _Runner:
     def store(self, name: str, v, frame) -> None:
         if self.store_logs:
             self.store_logs[-1].add(name)
+        self.store_seq += 1
+        self.last_store[name] = self.store_seq
         if name.startswith("self."):
             self.shared[name] = v
         else:
@@ -2214,6 +2260,8 @@ class _Runner:
         ev.meta["site"] = self.site if self.depth else None
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
+        ev.meta["arms"] = tuple(self.arms)  # the undecided conditions and the side taken (trace.update_on_every_path)
+        ev.meta["seq"] = self.store_seq
         ev.meta["in_accumulate"] = bool(self.in_acc)
         self.trace.events.append(ev)
 
@@ -2335,8 +2383,24 @@ def _scaler_enabled(f) -> bool:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+_SKIPS: dict = {}
+
+
 def _skips(stmt) -> bool:
-    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it)."""
+    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it). A fact of the
+    tree, asked on every pass over the statement: memoised by node identity (the node is kept with its answer, so
+    its id cannot be reused; the table is bounded)."""
+    hit = _SKIPS.get(id(stmt))
+    if hit is not None and hit[0] is stmt:
+        return hit[1]
+    r = _skips_walk(stmt)
+    if len(_SKIPS) > 20000:
+        _SKIPS.clear()
+    _SKIPS[id(stmt)] = (stmt, r)
+    return r
+
+
+def _skips_walk(stmt) -> bool:
     todo = list(stmt.children)
     while todo:
         n = todo.pop()
@@ -2398,13 +2462,13 @@ def _merge(now: dict, before: dict, stored: set) -> None:
 _MISSING = object()
 
 
-def _restore(now: dict, before: dict) -> None:
-    """Back to the state before an undecided ``if`` (first reads made by the arm are kept: they are not stores)."""
-    for k in list(now):
-        if k in before:
-            now[k] = before[k]
-    for k, v in before.items():
-        now.setdefault(k, v)
+def _restore(now: dict, before: dict, stored: set) -> None:
+    """Back to the state before an undecided ``if``: what the arm stored is undone (first reads made by the arm are
+    kept: they are not stores)."""
+    now.update(before)
+    for k in stored:
+        if k not in before:
+            now.pop(k, None)
 
 
 def _same(a, b) -> bool:

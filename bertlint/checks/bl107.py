@@ -50,9 +50,37 @@ def check(ctx) -> None:
                 data={"tail": v.data},
             )
             continue
+        flag = _flag_definition(ctx, cond, tr.n_text, run.loop)
+        if flag is not None:
+            # ``if is_accumulation_step: ... else: step``: the gate is the flag's definition
+            name, value = flag
+            node = value
+            when = f" on the gate `{name} = {_ga.code_of(value).strip()}`"
+            ctext = ""
         _ga.treport(
             ctx, run, tr, node,
             f"The optimizer steps{when}, which already holds on the first micro-batch{_ga.when(tr)}: {v.message}. "
             f"Step when `(i + 1) % {tr.n_text} == 0` on a 0-based index, or count from 1 (`enumerate(..., 1)`). "
             f"{note}",
         )
+
+
+def _flag_definition(ctx, cond, n_text: str, loop):
+    """``(name, value)`` when the step's condition is a flag (``if not is_accumulation_step:``) assigned once in the
+    loop's function from an expression that tests N (``global_step % N != 0``)."""
+    import libcst as cst
+
+    e = cond
+    while isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
+        e = e.expression
+    if not isinstance(e, cst.Name) or not n_text:
+        return None
+    func = getattr(loop, "func", None)
+    try:
+        assigns = ctx.symbols.assignments_of(e.value, func) or []
+    except Exception:
+        return None
+    hits = [a for a in assigns if n_text in _ga.code_of(a.value)]
+    if len(hits) != 1:
+        return None
+    return e.value, hits[0].value

@@ -16,12 +16,19 @@ from bertlint.types import Applicability, Severity
 @rule("BL201", "clip-scaled-gradients", Severity.ERROR,
       "clipping scaled gradients: no scaler.unscale_() before clip_grad_norm_", fix=Applicability.SAFE)
 def check(ctx) -> None:
+    reported: set = set()
     for run, v, tr in _ga.violations(ctx, "BL201"):
         clip = v.event
         step = next((s for s in tr.of("step") if s.via == "scaler" and s.mb >= clip.mb
                      and tr.events.index(s) > tr.events.index(clip)), None)
         if step is None:
             continue
+        # one missing unscale_ is one mistake: several clips before the same scaler step (in one configuration or
+        # in several: `if clip_value: ...` then `if clip_norm: ...`) get one finding, at the first
+        key = (id(run), step.line)
+        if key in reported:
+            continue
+        reported.add(key)
         scaler = step.target or "scaler"
         opt = step.opt or "optimizer"
         fix = None
@@ -29,6 +36,21 @@ def check(ctx) -> None:
         if st is not None and clip.cond_text == step.cond_text and not tr.config:
             fix = ctx.fix(f"Insert `{scaler}.unscale_({opt})` before clipping",
                           [ctx.edit_insert_line_before(st, f"{scaler}.unscale_({opt})")], Applicability.SAFE)
+        if getattr(run.loop, "kind", None) == "scaler_fn":
+            # the backward is the caller's: it went through the scaler handed in (its step() needs scaled
+            # gradients), unless the caller unscaled before the call — not seen from here: a warning
+            fn = run.loop.func.name.value
+            _ga.treport(
+                ctx, run, tr, clip.node,
+                f"`{clip.text.split('(')[0]}()` clips the *scaled* gradients{_ga.when(tr)}: `{fn}()` is handed "
+                f"`{scaler}` and steps through it (`{step.text}`), so the gradients it updates come from the caller's "
+                f"`{scaler}.scale(loss).backward()`; nothing calls `{scaler}.unscale_({opt})` before the clip → the "
+                f"clip sees gradients × the loss scale (65 536 at the start; torch.amp in {_ga.fw(ctx, 'torch')}), "
+                f"so a threshold of 1.0 shrinks the true gradient by about that factor whenever it clips. Call "
+                f"`{scaler}.unscale_({opt})` in `{fn}()` before clipping (once per optimizer step).",
+                severity=Severity.WARNING,
+            )
+            continue
         _ga.treport(
             ctx, run, tr, clip.node,
             f"`{clip.text.split('(')[0]}()` clips the *scaled* gradients{_ga.when(tr)}: {v.message} (torch.amp in "

@@ -223,7 +223,7 @@ def verify_script(path, script_args, diagnostics, *, steps=None, timeout=300.0, 
                   nproc=None, memory_limit=None) -> VerifyResult:
     """Run ``path`` under instrumentation and verify ``diagnostics`` (see the module docstring).
 
-    steps: optimizer steps to observe (default 2: two full accumulation windows plus one micro-batch);
+    steps: optimizer steps to observe (default 3: three accumulation windows — what the loop invariants need — plus one micro-batch);
     timeout: wall-clock seconds for the run; nproc: launch the script with torchrun on that many processes
     (default: 2 when the script initialises torch.distributed, does not start its own workers, and bertlint is
     not already under torchrun); memory_limit: bytes of live tensors after which an out-of-memory error is
@@ -278,7 +278,11 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
     except OSError:
         source = ""
     mine = [d for d in diagnostics if os.path.realpath(d.filename) == script]
-    static_n = _static_n(mine)
+    from bertlint.verify._setup import static_setup
+
+    setup = static_setup(script, source, settings)  # the set-up model `explain` prints (N bounds the run)
+    setup_n = ((setup or {}).get("accumulation") or {}).get("value")
+    static_n = setup_n if isinstance(setup_n, int) and setup_n > 1 else _static_n(mine)
     want_eval = any(d.code == "BL502" or (d.code == "BL501" and (d.data or {}).get("evaluation")) for d in mine)
     from bertlint.verify._rules import _watch_name
 
@@ -349,7 +353,7 @@ def _verify(path, args, diagnostics, steps, timeout, report_dir, settings, nproc
                 records = _load_records(record_dir)
         wall = time.time() - t0
         res = _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc,
-                     shown_name=str(path), timeout=timeout, notes=notes, script_args=args)
+                     shown_name=str(path), timeout=timeout, notes=notes, script_args=args, setup=setup)
         if report_dir:
             from bertlint.verify._report import write_report_dir
             from bertlint.verify._rules import Run
@@ -416,7 +420,7 @@ def _outcome(records: list, ranks: list, killed: bool) -> str:
 
 
 def _build(script, source, diagnostics, mine, records, static_n, settings, wall, log_path, killed, rc,
-           shown_name=None, timeout=None, notes=(), script_args=()) -> VerifyResult:
+           shown_name=None, timeout=None, notes=(), script_args=(), setup=None) -> VerifyResult:
     from bertlint.types import Diagnostic, Position, Verification
     from bertlint.verify._report import memory_report, outcome_line, report_text, script_error_text
     from bertlint.verify._rules import NOT_RUN, Run, runtime_findings, verify_diagnostic
@@ -519,8 +523,17 @@ def _build(script, source, diagnostics, mine, records, static_n, settings, wall,
         "redirected": redirected,
         "instrumentation_notes": (run.r.get("patch_errors") or []) + list(notes),
     }
+    from bertlint.verify._setup import observed, setup_lines
+
+    obs = observed(records, run)
+    s_lines, s_diffs = setup_lines(setup, obs)
+    data["setup"] = setup
+    data["setup_observed"] = {k: {"value": v[0], "source": v[1]} for k, v in obs.items()}
+    data["setup_differences"] = s_diffs
     text = report_text(run, mem, verifs, [dict(f, line=[script, f["row"]]) for f in runtime_json], script, wall,
                        redirected=redirected, timeout=timeout)
+    head, _, rest = text.partition("\n")
+    text = "\n".join([head] + s_lines + [f"  set-up differs: {x}" for x in s_diffs] + ([rest] if rest else []))
     err = script_error_text(run, _tail(log_path, 4000), outcome)
     if err:
         text += "\n" + err

@@ -21,7 +21,7 @@ def main(argv=None) -> int:
         argv, script_args = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="python -m bertlint.verify")
     p.add_argument("script")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps to observe (default 2)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps to observe (default 3)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--report", default=None, help="folder for verify.json and memory_timeline.png")
     p.add_argument("--nproc", type=int, default=None, help="run the script under torchrun with N processes")

@@ -28,6 +28,7 @@ from bertlint.verify._memory import MemoryTracker
 MAX_EVENTS = 20000
 _ACTIVE = None  # the process's Recorder (a forked worker inherits it)
 HARD_CAP_MICROBATCHES = 64
+DEFAULT_STEPS = 3  # optimizer steps observed by default (bertlint.verify._trace.WINDOWS_NEEDED)
 EVAL_FORWARDS_WANTED = 5
 
 
@@ -166,6 +167,8 @@ class Recorder:
         self.accel: dict[str, Any] = {}
         self.ds: dict[str, Any] = {"backward": 0, "step": 0, "records": []}
         self.ddp: dict[str, Any] = {}
+        self.lightning: dict[str, Any] = {}
+        self.batch_sizes: Counter = Counter()  # leading dimension of the training forwards' first tensor input
         self._ddp_pending_sync: Optional[bool] = None
         self._no_sync_depth = 0
         self.ckpt: dict[str, Any] = {"calls": 0, "reentrant": 0, "inputs_no_grad": 0, "lines": Counter(),
@@ -247,6 +250,7 @@ class Recorder:
 
     def accumulation_n(self) -> Optional[int]:
         for v in (self.trainer.get("gradient_accumulation_steps"), self.ds.get("gas"),
+                  self.lightning.get("accumulate_grad_batches"),
                   self.accel.get("gradient_accumulation_steps"), self.static_n):
             if isinstance(v, int) and v >= 1:
                 if v > 1:
@@ -254,13 +258,23 @@ class Recorder:
         return None
 
     def bound(self) -> int:
-        """Micro-batches to run: ``steps`` optimizer steps (default 2: two full accumulation windows) plus one."""
-        k = int(self.steps_cfg) if self.steps_cfg else 2
+        """Micro-batches to run: ``steps`` optimizer steps (default :data:`DEFAULT_STEPS`: the first window and two
+        full ones, what the loop invariants need — BL107 compares the first window with the next two) plus one
+        micro-batch; with the accumulation N known (a framework setting, the static set-up) that is ``3·N + 1``."""
+        k = int(self.steps_cfg) if self.steps_cfg else DEFAULT_STEPS
         n = self.accumulation_n()
         low = int(self.cfg.get("min_microbatches") or 0)
-        if n:
+        marks = self.step_marks
+        longer = n and any(b - a > n for a, b in zip([0] + marks, marks))
+        fw = any(isinstance(v, int) and v > 1 for v in (
+            self.trainer.get("gradient_accumulation_steps"), self.ds.get("gas"),
+            self.lightning.get("accumulate_grad_batches"), self.accel.get("gradient_accumulation_steps")))
+        if n and (fw or not longer):
             return max(k * n + 1, low)
-        if len(self.step_marks) >= k:
+        # no N, or the static set-up's N while the run's windows are longer (an argument read at runtime): the run's
+        # own optimizer steps bound it
+        low = max(low, k * n + 1) if n else low
+        if len(marks) >= k:
             return max(self.step_marks[k - 1] + 1, low)
         return HARD_CAP_MICROBATCHES * max(1, (k + 1) // 2)
 
@@ -302,6 +316,8 @@ class Recorder:
             "accelerate.accelerator": [self._patch_accelerate],
             "accelerate.optimizer": [self._patch_accelerate_optimizer],
             "deepspeed.runtime.engine": [self._patch_deepspeed],
+            "lightning.pytorch.trainer.trainer": [self._patch_lightning],
+            "pytorch_lightning.trainer.trainer": [self._patch_lightning],
         }
         if self.sandbox is not None:
             try:
@@ -349,6 +365,58 @@ class Recorder:
         sp.start_processes = start_processes
         if getattr(tmp, "start_processes", None) is orig:
             tmp.start_processes = start_processes
+        self._patch_process()
+
+    def _patch_process(self) -> None:
+        """``multiprocessing.Process`` / ``torch.multiprocessing.Process`` workers the script starts (any start
+        method: fork, spawn, forkserver) run instrumented: ``start()`` replaces the instance's ``run`` by
+        ``_runner.process_worker`` (pickled with the process for spawn), which installs a recorder in the worker,
+        bounds it by the same micro-batch bound and deadline, writes its record and returns. Processes whose work is
+        not the script's (DataLoader workers, torch.multiprocessing.spawn's own, a library's pool) are left alone:
+        they are ended with the process group."""
+        import multiprocessing.process as mpp
+
+        rec = self
+        BP = mpp.BaseProcess
+        orig = BP.start
+
+        @functools.wraps(orig)
+        def start(self):
+            try:
+                rec._instrument_process(self)
+            except Exception as e:  # never break the script's own start
+                rec._patch_error("Process.start", e)
+            return orig(self)
+
+        BP.start = start
+
+    def _instrument_process(self, proc) -> None:
+        target = getattr(proc, "_target", None)
+        run = type(proc).run
+        import multiprocessing.process as mpp
+
+        if target is not None and run is mpp.BaseProcess.run:
+            code = getattr(getattr(target, "__code__", None), "co_filename", None)
+            if code is None and isinstance(target, functools.partial):
+                code = getattr(getattr(target.func, "__code__", None), "co_filename", None)
+        elif run is not mpp.BaseProcess.run:
+            code = getattr(getattr(run, "__code__", None), "co_filename", None)
+        else:
+            return
+        if not code or not self._is_user(code) or "run" in proc.__dict__:
+            return
+        from bertlint.verify import _runner
+
+        i = int(self.counts["process_workers"])
+        self.counts["process_workers"] += 1
+        self.counts["spawned_workers"] += 1
+        cfg = dict(self.cfg, role="spawn", world_size=None, spawned_by=os.getpid(), worker=i)
+        self.mem.pause()
+        try:
+            _runner.ensure_importable_in_children()
+        finally:
+            self.mem.resume()
+        proc.run = functools.partial(_runner.process_worker, cfg, i, proc)
 
     def reset_for_worker(self, cfg: dict) -> None:
         """A forked worker inherits the parent's patched torch and this recorder: start its record afresh."""
@@ -456,6 +524,9 @@ class Recorder:
         if train_fwd:
             self._check_inference_inputs(args, kwargs, line)
         phase = "forward" if train_fwd else ("eval" if not training else "forward-nograd")
+        batch = _batch_size(args, kwargs) if train_fwd else None
+        if batch is not None:
+            self.batch_sizes[batch] += 1
         if not training and not self._last_fwd_backpropagated and grad:
             self.eval_no_backward_run += 1
         self.mem.set_tag(self.mb + 1, self.opt_steps)
@@ -944,6 +1015,7 @@ class Recorder:
             r = o_step(self, optimizer, *a, **kw)
             stepped = rec.opt_steps > before
             if not stepped:
+                rec.step_marks.append(rec.mb)  # a skipped update still ends the window (the bound counts it)
                 # inf/NaN gradients: the scaler skipped optimizer.step(); the window still ends here
                 rec.since_step[id(optimizer)] = 0
                 rec.skipped_steps += 1
@@ -1022,6 +1094,24 @@ class Recorder:
         DDP.no_sync = no_sync
 
     # ---- transformers Trainer --------------------------------------------------------------------------
+    def _patch_lightning(self, mod) -> None:
+        """Lightning's Trainer: ``accumulate_grad_batches`` and whether the module optimises automatically (then
+        Lightning divides the loss by it before backward)."""
+        T = mod.Trainer
+        rec = self
+        o_fit = T.fit
+
+        @functools.wraps(o_fit)
+        def fit(self, model=None, *a, **kw):
+            try:
+                rec.lightning["accumulate_grad_batches"] = int(self.accumulate_grad_batches)
+                rec.lightning["automatic_optimization"] = bool(getattr(model, "automatic_optimization", True))
+            except Exception:
+                pass
+            return o_fit(self, model, *a, **kw)
+
+        T.fit = fit
+
     def _patch_trainer(self, mod) -> None:
         T = mod.Trainer
         rec = self
@@ -1177,6 +1267,8 @@ class Recorder:
             try:
                 if not self.gradient_state.sync_gradients:
                     rec.accel["opt_step_noop"] = rec.accel.get("opt_step_noop", 0) + 1
+                    o = self.optimizer  # accelerate skips the step off its sync micro-batch
+                    rec.ev("accel_step_noop", oid=f"{type(o).__name__}@{id(o):x}")
             except Exception:
                 pass
             return o_step(self, *a, **kw)
@@ -1303,6 +1395,8 @@ class Recorder:
             "accelerate": self.accel,
             "deepspeed": self.ds,
             "ddp": self.ddp,
+            "lightning": self.lightning,
+            "batch_sizes": {str(k): v for k, v in self.batch_sizes.items()},
             "checkpoint": {**self.ckpt, "lines": dict(self.ckpt["lines"])},
             "dtypes": self.dtypes,
             "bf16_changes": self.bf16_changes,
@@ -1317,6 +1411,23 @@ class Recorder:
             "cuda": torch.cuda.is_available(),
             "versions": {"torch": torch.__version__},
         }
+
+
+def _batch_size(args, kwargs) -> Optional[int]:
+    """The leading dimension of a forward's first tensor input (``input_ids`` first), None when there is none."""
+    cands = []
+    if isinstance(kwargs, dict):
+        for k in ("input_ids", "pixel_values", "inputs_embeds", "x", "input"):
+            if k in kwargs:
+                cands.append(kwargs[k])
+        cands.extend(kwargs.values())
+    cands = list(args or ()) + cands
+    for v in cands[:8]:
+        if isinstance(v, dict):
+            v = v.get("input_ids", next((x for x in v.values() if isinstance(x, torch.Tensor)), None))
+        if isinstance(v, torch.Tensor) and v.dim() >= 1:
+            return int(v.shape[0])
+    return None
 
 
 def _user_traceback(exc: BaseException, is_user) -> str:
@@ -1361,6 +1472,7 @@ class _AccumulateCM:
             a["accumulate_syncs"] = a.get("accumulate_syncs", 0) + int(sync)
             if len(a.setdefault("sync_pattern", [])) < 200:
                 a["sync_pattern"].append(int(sync))
+            self.rec.ev("accel_sync", sync=sync)
             a["gradient_accumulation_steps"] = int(self.acc.gradient_accumulation_steps)
         except Exception:
             pass

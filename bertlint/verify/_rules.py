@@ -1,8 +1,10 @@
-"""Per-rule confirm/refute logic: the run's record (from ``_hooks.Recorder``) + a static diagnostic -> status and
-evidence with the observed numbers. Pure Python (no torch): runs in the parent.
+"""The run's record (from ``_hooks.Recorder``) + a static diagnostic -> status and evidence with the observed
+numbers. Pure Python (no torch): runs in the parent.
 
-Each checker returns ``(status, evidence)``; status is confirmed | refuted | inconclusive. ``runtime_findings``
-lists what the run shows that the static pass did not report (only where the runtime evidence alone is decisive).
+The loop rules are decided by their invariant on the observed trace (``bertlint.verify._trace``, the linter's own
+``bertlint.trace.INVARIANTS``): nothing here re-states them. What stays here are the observations that are not
+loop invariants (see ``CHECKERS``). Each returns ``(status, evidence)``; status is confirmed | refuted |
+inconclusive. ``runtime_findings`` lists what the run shows that the static pass did not report.
 """
 
 from __future__ import annotations
@@ -143,149 +145,6 @@ def _short(s: Optional[str], n: int = 160) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _acc_text(run: Run) -> str:
-    n = run.n
-    return f"; accumulation configured {n}" if n else ""
-
-
-def check_bl101(run: Run, d) -> tuple:
-    sizes = run.sizes()
-    if not sizes:
-        return INCONCLUSIVE, f"{run.ran_header()}: no optimizer step observed"
-    f = run.factor
-    ftxt = f"; loss scaled by {g(f, 3)} before backward" if f is not None and abs(f - 1) > 1e-6 else ""
-    if all(s <= 1 for s in sizes):
-        return CONFIRMED, f"{run.ran_header()}: one update per micro-batch{_acc_text(run)}{ftxt}"
-    k = Counter(sizes).most_common(1)[0][0]
-    return REFUTED, f"{run.ran_header()}: one update every {k} micro-batches (window sizes {sizes[:6]})"
-
-
-def check_bl102(run: Run, d) -> tuple:
-    ws = [w for w in run.windows if isinstance(w.get("in_grad"), int)]
-    if not ws:
-        return INCONCLUSIVE, f"{run.ran_header()}: no optimizer step with a gradient probe observed"
-    lost = [w for w in ws if w["since_step"] > 1 and w["in_grad"] < w["since_step"]]
-    zg = run.counts("zero_grad")
-    if lost:
-        w = lost[0]
-        return CONFIRMED, (f"{w['since_step']} backward calls before optimizer step {w['index']} but the gradient "
-                           f"held only the last {w['in_grad']} (gradients cleared in between; {zg} zero_grad calls "
-                           f"for {run.steps} optimizer steps): each update saw {w['in_grad']} of {w['since_step']} "
-                           f"micro-batches")
-    if all(w["since_step"] <= 1 for w in ws):
-        return INCONCLUSIVE, f"{run.ran_header()}: the optimizer steps on every micro-batch, nothing is accumulated"
-    return REFUTED, (f"{run.ran_header()}: the gradients of all {ws[0]['since_step']} micro-batches of each window "
-                     f"reached the update ({zg} zero_grad calls)")
-
-
-def check_bl103(run: Run, d) -> tuple:
-    ks = [w["in_grad"] for w in run.windows if isinstance(w.get("in_grad"), int)]
-    f = run.factor
-    if not ks:
-        return INCONCLUSIVE, f"{run.ran_header()}: no optimizer step observed"
-    k = Counter(ks).most_common(1)[0][0]
-    if k <= 1:
-        return INCONCLUSIVE, f"{run.ran_header()}: one micro-batch per update, nothing to scale"
-    if f is None:
-        return INCONCLUSIVE, (f"each update sums {k} micro-batch gradients; the scale between the loss and "
-                              f"backward could not be read from the graph")
-    if abs(f - 1) < 1e-3:
-        return CONFIRMED, (f"each optimizer step sums {k} micro-batch gradients of unscaled losses (factor "
-                           f"{g(f, 3)} between the loss and backward): the update is {k}× the mean gradient")
-    if abs(f * k - 1) < 0.05:
-        return REFUTED, f"each optimizer step sums {k} micro-batch gradients of losses scaled by {g(f, 3)} = 1/{k}"
-    return INCONCLUSIVE, f"each update sums {k} micro-batch gradients; loss scaled by {g(f, 3)} before backward"
-
-
-def _observed_window(run: Run) -> Optional[int]:
-    """The usual number of micro-batches per optimizer step, when the run shows one (> 1): the accumulation a
-    framework applied although no setting was recorded (Lightning's ``accumulate_grad_batches``)."""
-    sizes = [s for s in run.sizes() if s]
-    if len(sizes) < 2:
-        return None
-    k = Counter(sizes).most_common(1)[0][0]
-    return k if k > 1 else None
-
-
-def check_bl104(run: Run, d) -> tuple:
-    f = run.factor
-    n = run.n if not run.factor_k else (run.r.get("accumulation") or run.static_n or _observed_window(run))
-    if f is None:
-        return INCONCLUSIVE, f"{run.ran_header()}: the scale between the loss and backward could not be read"
-    if n and n > 1:
-        if abs(f * n * n - 1) < 0.05:
-            return CONFIRMED, (f"the loss reaches backward scaled by {g(f, 3)} = 1/{n}²: divided by {n} twice "
-                               f"(accumulation {n}); the gradient is 1/{n} of the mean")
-        if abs(f * n - 1) < 0.05:
-            return REFUTED, f"the loss reaches backward scaled by {g(f, 3)} = 1/{n}: divided once"
-    return INCONCLUSIVE, f"the loss reaches backward scaled by {g(f, 3)}{_acc_text(run)}"
-
-
-def check_bl105(run: Run, d) -> tuple:
-    sched = run.r.get("scheduler") or []
-    if not sched:
-        return INCONCLUSIVE, f"{run.ran_header()}: no scheduler step observed"
-    skipped = sum(1 for e in run.r.get("scaler") or [] if e.get("k") == "scaler_step" and not e.get("stepped"))
-    same = sum(1 for a, b in zip(sched, sched[1:]) if a["st"] == b["st"])
-    lrs = [e.get("lr") for e in sched]
-    lr_txt = " → ".join(g(x, 3) for x in lrs[:5]) + (" …" if len(lrs) > 5 else "")
-    if len(sched) > run.steps + skipped and same:
-        ratio = len(sched) / max(run.steps, 1)
-        return CONFIRMED, (f"{run.mb} micro-batches, {run.steps} optimizer steps, {len(sched)} scheduler steps: "
-                           f"the LR changed on micro-batches that did not step ({lr_txt}); the schedule runs "
-                           f"{ratio:.1f}× too fast")
-    return REFUTED, (f"{len(sched)} scheduler steps for {run.steps} optimizer steps over {run.mb} micro-batches: "
-                     f"one per update (LR {lr_txt})")
-
-
-def check_bl107(run: Run, d) -> tuple:
-    sizes = run.sizes("in_grad") or run.sizes()
-    if len(sizes) < 2:
-        return INCONCLUSIVE, f"{run.ran_header()}: fewer than two optimizer steps observed"
-    if isinstance(d.data, dict) and d.data.get("tail"):
-        # the epoch's tail: a window longer than the others is the leaked tail; none longer is no evidence either
-        # way (the run's loader may hold a multiple of N micro-batches, or the tail was dropped by a zero_grad)
-        k = Counter(sizes[1:]).most_common(1)[0][0]
-        longer = [s for s in sizes if s > k]
-        if k > 1 and longer:
-            return CONFIRMED, (f"windows of {k} micro-batches, but one of {longer[0]}: the epoch's last partial window "
-                               f"was added to the next epoch's first update")
-        return INCONCLUSIVE, (f"{run.ran_header()}: windows of {sorted(set(sizes))[:4]} micro-batches; whether an epoch "
-                              f"leaves a partial window depends on len(loader) % N")
-    first, rest = sizes[0], sizes[1:]
-    k = Counter(rest).most_common(1)[0][0]
-    if k <= 1:
-        return INCONCLUSIVE, f"{run.ran_header()}: one micro-batch per update, no accumulation window observed"
-    if first < k:
-        return CONFIRMED, (f"first optimizer step after {first} micro-batch{'es' if first > 1 else ''}, later ones "
-                           f"after {', '.join(map(str, rest[:4]))}: the first update sees {first} of {k}")
-    return REFUTED, f"every window observed has {k} micro-batches ({sizes[:6]})"
-
-
-def check_bl108(run: Run, d) -> tuple:
-    n = run.n
-    acc = run.r.get("accelerate") or {}
-    extra = ""
-    if acc.get("sync_pattern"):
-        syncs = [i + 1 for i, s in enumerate(acc["sync_pattern"]) if s]
-        extra = f"; accumulate() synced after micro-batches {syncs[:6]}"
-        if acc.get("opt_step_noop"):
-            extra += f", {acc['opt_step_noop']} optimizer.step() calls were no-ops off the sync step"
-    if run.mb == 0:
-        return _status_for_no_training(run)
-    if run.steps == 0:
-        if n and run.mb > n:
-            return CONFIRMED, f"{run.mb} micro-batches, 0 optimizer steps (accumulation {n}): no update at all{extra}"
-        return INCONCLUSIVE, f"{run.mb} micro-batches, 0 optimizer steps{extra}"
-    sizes = run.sizes()
-    if not n:
-        return INCONCLUSIVE, f"{run.ran_header()}, window sizes {sizes[:6]}; accumulation not known{extra}"
-    bad = [s for s in sizes if s != n]
-    if bad:
-        return CONFIRMED, f"{run.ran_header()}: windows of {sizes[:6]} micro-batches, accumulation {n}{extra}"
-    return REFUTED, f"{run.ran_header()}: every window has {n} micro-batches{extra}"
-
-
 def check_bl109(run: Run, d) -> tuple:
     acc = run.r.get("accelerate") or {}
     if not acc:
@@ -340,59 +199,6 @@ def check_bl110(run: Run, d, source_lines=()) -> tuple:
     return INCONCLUSIVE, f"`{name}` advanced {adv:g} over {mbs} micro-batches and {steps} optimizer steps"
 
 
-def check_bl112(run: Run, d) -> tuple:
-    clips = run.r.get("clips") or []
-    if not clips:
-        return INCONCLUSIVE, f"{run.ran_header()}: no gradient clipping observed"
-    step_mbs = {w["mb"] for w in run.windows} | {e["mb"] for e in run.r.get("scaler") or []
-                                                  if e.get("k") == "scaler_step"}  # skipped fp16 steps end windows too
-    partial = [c for c in clips if c["mb"] not in step_mbs]
-    if partial and run.steps < len(clips):
-        norms = ", ".join(g(c.get("norm"), 3) for c in partial[:4])
-        return CONFIRMED, (f"{len(clips)} clip calls for {run.steps} optimizer steps: {len(partial)} clipped a partial "
-                           f"sum of the window (after micro-batches {[c['mb'] for c in partial[:6]]}; norms {norms})")
-    return REFUTED, f"clipping ran once per optimizer step ({len(clips)} calls, {run.steps} steps)"
-
-
-def check_bl113(run: Run, d) -> tuple:
-    bw = [b for b in run.backwards if isinstance(b.get("train_forwards"), int)]
-    if not bw:
-        return _status_for_no_training(run)
-    multi = [b for b in bw if b["train_forwards"] >= 2]
-    if multi:
-        b = multi[0]
-        per = b["saved_bytes_alive"] / b["train_forwards"] if b.get("saved_bytes_alive") else None
-        return CONFIRMED, (f"{b['train_forwards']} training forwards per backward ({len(multi)} of {len(bw)} backward "
-                           f"calls): {mib(b.get('saved_bytes_alive'))} saved for backward were alive at once "
-                           f"(≈ {mib(per)} per forward), the memory of one big batch")
-    return REFUTED, f"one training forward per backward over {len(bw)} backward calls"
-
-
-def check_bl114(run: Run, d) -> tuple:
-    ddp = run.r.get("ddp") or {}
-    if not ddp.get("world_size"):
-        return INCONCLUSIVE, "DistributedDataParallel was not initialised in the run (launch it under torchrun)"
-    ws = [w for w in run.windows if w.get("sync_passes") is not None]
-    div = _divergence(run)
-    sev = getattr(getattr(d, "severity", None), "value", "W")
-    if div:
-        i, vals = div
-        return CONFIRMED, (f"at optimizer step {i} the gradient checksum differs across ranks "
-                           f"({', '.join(g(v, 6) for v in vals)}): replicas diverge; gradient all-reduces in the "
-                           f"windows: {[w['sync_passes'] for w in ws[:6]]}")
-    if not ws:
-        return INCONCLUSIVE, f"{run.ran_header()}: no optimizer step observed under DDP"
-    passes = [w["sync_passes"] for w in ws]
-    same = f"gradients identical across {ddp.get('world_size')} ranks at {len(ws)} steps"
-    if sev == "E":
-        return REFUTED, f"{same}; gradient all-reduces per optimizer step: {passes[:6]}"
-    if any(p > 1 for p in passes):
-        k = max(passes)
-        return CONFIRMED, (f"{k} gradient all-reduces per optimizer step ({ws[0]['since_step']} micro-batches; "
-                           f"no_sync entered {ddp.get('no_sync_entries', 0)} times); {same}")
-    return REFUTED, f"{passes[:6]} gradient all-reduce per optimizer step; {same}"
-
-
 def _divergence(run: Run):
     if len(run.records) < 2:
         return None
@@ -424,53 +230,6 @@ def check_bl115(run: Run, d) -> tuple:
     if zg:
         return CONFIRMED, f"{zg} manual zero_grad calls while the DeepSpeed engine manages gradients"
     return REFUTED, f"{b} engine.backward and {s} engine.step calls; global_steps {gsteps} (GAS {gas})"
-
-
-def check_bl201(run: Run, d) -> tuple:
-    clips = run.r.get("clips") or []
-    scaled = [c for c in clips if c.get("scaled")]
-    if scaled:
-        c = scaled[0]
-        true = c["norm"] / c["scale"] if c.get("norm") is not None and c.get("scale") else None
-        return CONFIRMED, (f"{c['fn']} saw a total norm of {g(c.get('norm'))} while the gradients were still scaled by "
-                           f"the GradScaler ({g(c.get('scale'))}) at {fl(c.get('line'))}: the true norm is ≈ {g(true)}; "
-                           f"clipping to {g(c.get('max_norm'))} shrinks the update ~{g(c.get('scale'))}× whenever it fires")
-    scaler_on = any(e.get("k") == "scaler_scale" for e in run.r.get("scaler") or []) or run.counts("scaler_scale")
-    if not scaler_on:
-        return INCONCLUSIVE, "no enabled GradScaler scaled a loss in the run (a CUDA fp16 run shows it)"
-    if clips:
-        return REFUTED, f"unscale_ ran before each of the {len(clips)} clip calls"
-    return INCONCLUSIVE, "no gradient clipping observed"
-
-
-def check_bl202(run: Run, d) -> tuple:
-    ev = run.r.get("scaler") or []
-    upd_wo_step, stepped_since = 0, False
-    unscales_wo_step = 0
-    un_since = 0
-    for e in ev:
-        k = e.get("k")
-        if k == "scaler_step":
-            stepped_since = True
-            un_since = 0
-        elif k == "scaler_unscale":
-            un_since += 1
-            if un_since > 1:
-                unscales_wo_step += 1
-        elif k == "scaler_update":
-            if not stepped_since:
-                upd_wo_step += 1
-            stepped_since = False
-    updates = sum(1 for e in ev if e.get("k") == "scaler_update")
-    steps = sum(1 for e in ev if e.get("k") == "scaler_step")
-    if upd_wo_step or unscales_wo_step:
-        return CONFIRMED, (f"{updates} scaler.update() and {steps} scaler.step() calls: {upd_wo_step} updates and "
-                           f"{unscales_wo_step} extra unscale_() calls on micro-batches that did not step")
-    if steps and run.steps and steps > (run.steps + 1) and run.n:
-        return CONFIRMED, f"scaler.step() ran {steps} times in {run.mb} micro-batches (accumulation {run.n})"
-    if not ev:
-        return INCONCLUSIVE, "no enabled GradScaler call observed (a CUDA fp16 run shows it)"
-    return REFUTED, f"{updates} scaler.update() for {steps} scaler.step() calls: once per optimizer step"
 
 
 def check_bl204(run: Run, d) -> tuple:
@@ -682,18 +441,23 @@ def check_bl506(run: Run, d) -> tuple:
     return _status_for_no_training(run)
 
 
+# The observations that are not loop invariants (no event order decides them): accelerate's own division (BL109),
+# a step counter's value (BL110), the DeepSpeed engine's counters (BL115), parameter dtypes (BL204/BL205),
+# checkpoint arguments and gradients inside checkpointed blocks (BL301/BL303/BL304), the Trainer's loss factor and
+# the model's use of num_items_in_batch (BL405), graphs and memory kept alive (BL501/BL502), inference tensors
+# (BL506). The loop rules (bertlint.verify._trace.RUNTIME_CODES) are decided by their invariant on the trace.
 CHECKERS: dict[str, Callable] = {
-    "BL101": check_bl101, "BL102": check_bl102, "BL103": check_bl103, "BL104": check_bl104, "BL105": check_bl105,
-    "BL107": check_bl107, "BL108": check_bl108, "BL109": check_bl109, "BL110": check_bl110, "BL112": check_bl112,
-    "BL113": check_bl113, "BL114": check_bl114, "BL115": check_bl115, "BL201": check_bl201, "BL202": check_bl202,
-    "BL204": check_bl204, "BL205": check_bl205, "BL301": check_bl301, "BL303": check_bl303, "BL304": check_bl304,
-    "BL405": check_bl405, "BL501": check_bl501, "BL502": check_bl502, "BL506": check_bl506,
+    "BL109": check_bl109, "BL110": check_bl110, "BL115": check_bl115, "BL204": check_bl204, "BL205": check_bl205,
+    "BL301": check_bl301, "BL303": check_bl303, "BL304": check_bl304, "BL405": check_bl405, "BL501": check_bl501,
+    "BL502": check_bl502, "BL506": check_bl506,
 }
 NEEDS_TRAINING = {"BL101", "BL102", "BL103", "BL104", "BL105", "BL107", "BL108", "BL110", "BL112", "BL113",
-                  "BL201", "BL202", "BL205"}
+                  "BL114", "BL201", "BL202", "BL205"}
 
 
 def verify_diagnostic(run: Run, d, source_lines: list[str]) -> tuple:
+    from bertlint.verify import _trace
+
     code = d.code
     crash = run.crash
     if crash:
@@ -701,40 +465,30 @@ def verify_diagnostic(run: Run, d, source_lines: list[str]) -> tuple:
             if re.search(pat, crash.get("message") or ""):
                 return CONFIRMED, (f"the script failed with {crash.get('type')}: {_short(crash.get('message'))} at "
                                    f"{fl(crash.get('user_frame'))}")
-    fn = CHECKERS.get(code)
-    if fn is None:
-        return NOT_RUN, "no runtime check for this rule: the finding rests on the static analysis"
     if code in NEEDS_TRAINING and run.mb == 0:
         return _status_for_no_training(run)
     try:
-        st, ev = fn(run, d, source_lines) if code == "BL110" else fn(run, d)
+        if code in _trace.RUNTIME_CODES:
+            tail = bool(isinstance(d.data, dict) and d.data.get("tail"))
+            st, ev = _trace.decide(run.r, run.n, code, list(source_lines), tail=tail)
+            if code == "BL114":
+                div = _divergence(run)
+                if div:
+                    ev += (f"; at optimizer step {div[0]} the gradient checksum differs across ranks "
+                           f"({', '.join(g(v, 6) for v in div[1])}): the replicas diverge")
+        else:
+            fn = CHECKERS.get(code)
+            if fn is None:
+                return NOT_RUN, "no runtime check for this rule: the finding rests on the static analysis"
+            st, ev = fn(run, d, source_lines) if code == "BL110" else fn(run, d)
     except Exception as e:  # a bug here must not hide the rest of the report
         return INCONCLUSIVE, f"verifier error while checking {code}: {type(e).__name__}: {e}"
-    if crash and st == INCONCLUSIVE:
+    if crash and st != CONFIRMED:
         ev += f"; the script crashed ({crash.get('type')}: {_short(crash.get('message'), 100)})"
-    st, ev = _with_invariant(run, d, source_lines, st, ev)
-    return st, ev
-
-
-def _with_invariant(run: Run, d, source_lines, st: str, ev: str) -> tuple:
-    """The loop rules' one definition: the linter's invariant (bertlint.trace) run on the observed trace."""
-    try:
-        from bertlint.verify import _trace
-
-        vs = _trace.check(run.r, run.n, d.code, list(source_lines))
-    except Exception as e:  # the trace module is another area's; never break the report
-        vs = None
-        err = f"{type(e).__name__}: {e}"
-    else:
-        err = None
     dbg = os.environ.get("BERTLINT_VERIFY_TRACE_DEBUG")
     if dbg:
         with open(dbg, "a") as f:
-            f.write(f"{d.code}\t{st}\t{None if vs is None else bool(vs)}\t{err}\t{(vs[0].message if vs else '')[:200]}"
-                    f"\t{ev[:200]}\n")
-    if vs:  # the invariant fails on what the run did: confirmed, quoted the way the lint message quotes the dry run
-        observed = "observed: " + vs[0].message
-        return CONFIRMED, (ev + "; " + observed) if st == CONFIRMED else observed
+            f.write(f"{code}\t{st}\t{ev[:300]}\n")
     return st, ev
 
 
@@ -743,11 +497,29 @@ def _with_invariant(run: Run, d, source_lines, st: str, ev: str) -> tuple:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def n_from_setting(run: Run, accumulation_named: bool = False) -> Optional[int]:
+    """The run's accumulation N when a setting gives it: a framework's (Trainer, accelerate, DeepSpeed, Lightning),
+    the static set-up; or the loss divided by k while the script or its arguments name an accumulation."""
+    n = run.r.get("accumulation")
+    if isinstance(n, int) and n > 1:
+        return n
+    if isinstance(run.static_n, int) and run.static_n > 1:
+        return run.static_n
+    if accumulation_named and run.factor_k:
+        return run.factor_k
+    return None
+
+
 def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = False, source_lines=()) -> list[dict]:
-    """What the run shows on its own (decisive evidence only), for codes the static pass did not report.
+    """What the run shows on its own, for codes the static pass did not report: the loop invariants on the observed
+    trace (``_trace.findings``), and the observations that are decisive on their own.
     ``accumulation_named``: the script or its arguments name an accumulation setting (``--grad-accum 4``)."""
+    from bertlint.verify import _trace
+
     out: list[dict] = []
-    _invariant_findings(run, static_codes, out, source_lines)
+    if run.r.get("status") == "no-torch" or not run.r:
+        return out
+    script = run.r.get("script")
 
     def add(code, line, message, evidence):
         if code in static_codes or not line:
@@ -756,53 +528,6 @@ def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = Fal
             return
         out.append({"code": code, "line": line, "message": message, "evidence": evidence})
 
-    if run.r.get("status") == "no-torch":
-        return out
-    # BL101: the loss is divided by k (an accumulation the script names) but every micro-batch steps
-    k = run.factor_k
-    sizes = run.sizes()
-    framework = (run.r.get("trainer") or {}).get("steps") or (run.r.get("accelerate") or {}).get("backward_calls") \
-        or (run.r.get("deepspeed") or {}).get("backward")
-    if accumulation_named and k and len(sizes) >= 2 and all(x == 1 for x in sizes) and not framework:
-        steps_at = [w.get("line") for w in run.windows if w.get("line")]
-        line = Counter(tuple(x) for x in steps_at).most_common(1)[0][0] if steps_at else None
-        add("BL101", list(line) if line else None,
-            f"runtime: the loss reaches backward divided by {k} (accumulation {k} intended) but the optimizer steps "
-            f"after every micro-batch: each update sees one micro-batch instead of {k} and is {k}× too small. Step "
-            f"(and zero the gradients) only when `(i + 1) % {k} == 0`.",
-            f"{run.ran_header()}: one update per micro-batch (window sizes {sizes[:6]}) while the loss is scaled by "
-            f"{g(run.factor, 3)} = 1/{k} before backward")
-    # BL102: gradients cleared between micro-batches of a window
-    ws = [w for w in run.windows if isinstance(w.get("in_grad"), int)]
-    lost = [w for w in ws if w["since_step"] > 1 and w["in_grad"] < w["since_step"]]
-    if lost and len(lost) == len(ws):
-        zg = [z for z in run.r.get("zero_grads") or [] if z.get("line")]
-        line = Counter(tuple(z["line"]) for z in zg).most_common(1)[0][0] if zg else None
-        st, ev = check_bl102(run, None)
-        add("BL102", line, "runtime: gradients are cleared between the micro-batches of a window, so each optimizer "
-            "step sees only the last micro-batch. Clear them only right after `optimizer.step()`.", ev)
-    # BL112: clipping of partial sums
-    clips = run.r.get("clips") or []
-    step_mbs = {w["mb"] for w in run.windows} | {e["mb"] for e in run.r.get("scaler") or []
-                                                  if e.get("k") == "scaler_step"}
-    partial = [c for c in clips if c["mb"] not in step_mbs]
-    if partial and run.steps and len(partial) >= 2 and any(s > 1 for s in run.sizes()):
-        st, ev = check_bl112(run, None)
-        add("BL112", partial[0].get("line"), "runtime: gradient clipping runs on micro-batches that do not step and "
-            "clips partial sums of the window. Clip only right before the optimizer step (or under "
-            "`if accelerator.sync_gradients:`).", ev)
-    # BL201: clipping scaled gradients
-    if any(c.get("scaled") for c in clips):
-        st, ev = check_bl201(run, None)
-        c = next(c for c in clips if c.get("scaled"))
-        add("BL201", c.get("line"), "runtime: gradients are clipped while still multiplied by the GradScaler's scale. "
-            "Call `scaler.unscale_(optimizer)` right before clipping.", ev)
-    # BL202
-    st, ev = check_bl202(run, None)
-    if st == CONFIRMED and (run.r.get("scaler") or []):
-        ev_l = [e for e in run.r["scaler"] if e.get("k") in ("scaler_update", "scaler_unscale")]
-        add("BL202", ev_l[0].get("line") if ev_l else None, "runtime: GradScaler `update()`/`unscale_()` run on "
-            "micro-batches that do not step. Call them only at the optimizer step.", ev)
     # BL204
     dt = (run.r.get("dtypes") or {}).get("trainable") or {}
     if dt.get("float16") and run.counts("scaler_scale"):
@@ -823,7 +548,7 @@ def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = Fal
         add("BL303", line, "runtime: reentrant checkpointing got inputs that do not require grad, so the "
             "checkpointed layers get no gradient. Use `use_reentrant=False` or `model.enable_input_require_grads()`.",
             ev)
-    # BL405
+    # BL405: the Trainer's loss factor (not an event order: the model's use of num_items_in_batch)
     t = run.r.get("trainer") or {}
     if (t.get("probe") or {}).get("ignores_num_items") and t.get("steps") and not t["steps"][0].get("trainer_divides") \
             and (t.get("gradient_accumulation_steps") or 1) > 1:
@@ -855,51 +580,17 @@ def runtime_findings(run: Run, static_codes: set, accumulation_named: bool = Fal
         st, ev = check_bl506(run, None)
         add("BL506", inf[0].get("line"), "runtime: a tensor created under `torch.inference_mode()` is fed to a "
             "training forward. Create it under `torch.no_grad()` or `.clone()` it outside inference mode.", ev)
-    # BL114 (E): replicas diverge
-    div = _divergence(run)
-    if div:
-        bw = [b for b in run.backwards if b.get("line")]
-        add("BL114", bw[-1]["line"] if bw else None, "runtime: the gradients differ across DDP ranks at an optimizer "
-            "step: a backward ran without the all-reduce (forward inside `no_sync()`, backward outside). Keep "
-            "forward and backward of a micro-batch on the same side of `no_sync()`.",
-            f"at optimizer step {div[0]} the gradient checksum differs across ranks ({', '.join(g(v, 6) for v in div[1])})")
-    return out
-
-
-_INVARIANT_MESSAGES = {
-    "BL103": "runtime: each optimizer step sums the gradients of N micro-batches whose losses are not divided by N: "
-             "the update is N× the window's mean. Divide the loss by the accumulation steps.",
-    "BL104": "runtime: the loss reaches backward divided by the accumulation steps twice (by the script and by the "
-             "framework): each update is 1/N of the mean. Remove the script's own division.",
-    "BL105": "runtime: the LR scheduler steps on micro-batches that do not step the optimizer: the schedule runs N× "
-             "too fast. Step the scheduler right after `optimizer.step()`.",
-    "BL107": "runtime: the first optimizer step comes after fewer micro-batches than the others (an off-by-one "
-             "gate). Step when `(i + 1) % N == 0`.",
-}
-
-
-def _invariant_findings(run: Run, static_codes: set, out: list, source_lines) -> None:
-    """The loop invariants the linter runs, on the observed trace, for rules the static pass did not report — only
-    where the run's accumulation N comes from a setting (framework, the static pass), not from the loss scale."""
-    n = run.r.get("accumulation") if isinstance(run.r.get("accumulation"), int) else None
-    n = n if n and n > 1 else (run.static_n if isinstance(run.static_n, int) and run.static_n > 1 else None)
-    if not n:
-        return
+    # the loop invariants on the observed trace (a violation another finding explains is reported once: BL405's ×N
+    # Trainer loss is not also a BL103)
+    n = n_from_setting(run, accumulation_named)
+    known = set(static_codes) | {f["code"] for f in out}
     try:
-        from bertlint.verify import _trace
-    except Exception:
-        return
-    script = run.r.get("script")
-    for code, message in _INVARIANT_MESSAGES.items():
-        if code in static_codes or any(f["code"] == code for f in out):
-            continue
-        try:
-            vs = _trace.check(run.r, n, code, list(source_lines))
-        except Exception:
-            vs = None
-        if vs and vs[0].event.line:
-            out.append({"code": code, "line": [script, vs[0].event.line], "message": message.replace("N", str(n))
-                        if code != "BL104" else message, "evidence": "observed: " + vs[0].message})
+        for f in _trace.findings(run.r, n if n else run.n, bool(n), known, list(source_lines)):
+            out.append({"code": f["code"], "line": [script, f["row"]], "message": f["message"],
+                        "evidence": f["evidence"]})
+    except Exception:  # noqa: BLE001 - never break the report
+        pass
+    return out
 
 
 class _Fake:

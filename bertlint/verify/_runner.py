@@ -215,6 +215,23 @@ def spawned_worker(fn, cfg: dict, i: int, *args):
         raise err
 
 
+def process_worker(cfg: dict, i: int, proc) -> None:
+    """``run`` of a ``multiprocessing.Process`` the script started (``_hooks.Recorder._patch_process``): the class's
+    own ``run`` (the target, or the subclass's method) under a recorder of its own — bounded like the main process,
+    its record written — then the worker returns (its exception, if any, is re-raised: multiprocessing reports it
+    as usual and sets the exit code)."""
+    cfg = dict(cfg, rank=i, role="spawn")
+    if cfg.get("world_size") is None:
+        cfg["world_size"] = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    torch, _hooks, rec, done = _setup(cfg, f"spawn{i}-{os.getpid()}")
+    err = _run(rec, lambda: type(proc).run(proc), _hooks.VerifyStop, torch)
+    rec.mem.uninstall()
+    rec.write_record(final=True)
+    done.set()
+    if err is not None:
+        raise err
+
+
 def ensure_importable_in_children() -> None:
     """Spawned workers unpickle ``spawned_worker`` by name: when bertlint is not installed, its root goes at the
     end of sys.path (which the workers inherit)."""

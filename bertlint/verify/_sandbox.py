@@ -37,6 +37,7 @@ class Sandbox:
         self.temp_before = set(temp_before if temp_before is not None else _temp_entries())
         self.redirected: dict[tuple, dict] = {}
         self.errors: list[str] = []
+        self.out_dirs: set = set()  # the user's folders the run's saving was redirected from (absolute paths)
 
     # ---- paths -------------------------------------------------------------------------------------------
     def allowed(self, path: str) -> bool:
@@ -62,21 +63,38 @@ class Sandbox:
                 return path
             to = self.target(path)
             os.makedirs(to if is_dir else os.path.dirname(to), exist_ok=True)
+            if is_dir:
+                self.out_dirs.add(os.path.abspath(os.fspath(path)))
         except Exception as e:
             self.errors.append(f"{what}: {type(e).__name__}: {e}")
             return path
         self.note(what, os.fspath(path), to)
         return to if isinstance(path, str) else type(path)(to) if _pathlike_ok(path) else to
 
-    def read(self, path):
-        """Where to read ``path`` from: the redirected copy when the run wrote one."""
+    def in_out_dir(self, path) -> bool:
+        """``path`` is inside a folder the run's saving was redirected from (not the working folder itself or one
+        above it: ``output_dir="."`` does not hide the script's inputs)."""
+        p = os.path.abspath(os.fspath(path))
+        cwd = os.getcwd()
+        return any((p == d or p.startswith(d + os.sep)) and not (cwd == d or cwd.startswith(d + os.sep))
+                   for d in self.out_dirs)
+
+    def read(self, path, what: str = "load"):
+        """Where to read ``path`` from: the run's copy when the run wrote one; and anything inside a folder the run's
+        saving was redirected from (a Trainer ``output_dir``, a ``save_pretrained`` / ``save_state`` folder) is read
+        from the run's copy of that folder only — a file the run did not write there is missing (the load fails as
+        on a fresh folder), never the user's stale one."""
         if path is None or not isinstance(path, (str, os.PathLike)):
             return path
         try:
             if not self.allowed(os.fspath(path)):
                 to = self.target(path)
                 if os.path.exists(to):
-                    return to if isinstance(path, str) else to
+                    self.note(f"{what}: read the run's copy", os.fspath(path), to)
+                    return to
+                if os.path.exists(os.fspath(path)) and self.in_out_dir(path):
+                    self.note(f"{what}: not written by the run (the user's files are not read)", os.fspath(path), to)
+                    return to
         except Exception:
             pass
         return path
@@ -111,6 +129,14 @@ class Sandbox:
             "transformers.image_processing_base": self._patch_pretrained("transformers.image_processing_base",
                                                                          "ImageProcessingMixin"),
             "transformers.utils.hub": self._patch_push_mixin,
+            "transformers.models.auto.auto_factory": self._patch_loaders("_BaseAutoModelClass"),
+            "transformers.models.auto.configuration_auto": self._patch_loaders("AutoConfig"),
+            "transformers.models.auto.tokenization_auto": self._patch_loaders("AutoTokenizer"),
+            "transformers.models.auto.processing_auto": self._patch_loaders("AutoProcessor"),
+            "transformers.models.auto.feature_extraction_auto": self._patch_loaders("AutoFeatureExtractor"),
+            "transformers.models.auto.image_processing_auto": self._patch_loaders("AutoImageProcessor"),
+            "transformers.models.auto.video_processing_auto": self._patch_loaders("AutoVideoProcessor"),
+            "peft.peft_model": self._patch_loaders("PeftModel", arg=1),
             "transformers.trainer": self._patch_hf_trainer,
             "accelerate.accelerator": self._patch_accelerator,
             "lightning.pytorch.trainer.trainer": self._patch_lightning_trainer,
@@ -143,7 +169,7 @@ class Sandbox:
 
         @functools.wraps(o_load)
         def load(f, *a, **kw):
-            return o_load(sb.read(f), *a, **kw)
+            return o_load(sb.read(f, "torch.load"), *a, **kw)
 
         torch.save, torch.load = save, load
         try:
@@ -190,6 +216,7 @@ class Sandbox:
             to = self.target(shown)
             os.makedirs(to, exist_ok=True)
             args.output_dir = to
+            self.out_dirs.add(os.path.abspath(os.fspath(shown)))
             self.note("Trainer output_dir (checkpoints, logs)", os.fspath(shown), to)
         ld = getattr(args, "logging_dir", None)
         if isinstance(ld, (str, os.PathLike)) and not self.allowed(os.fspath(ld)):
@@ -223,9 +250,48 @@ class Sandbox:
 
                 @functools.wraps(fn)
                 def from_pretrained(cls, name, *a, **kw):
-                    return fn(cls, sb.read(name), *a, **kw)
+                    return fn(cls, sb.read(name, f"{clsname}.from_pretrained"), *a, **kw)
 
                 C.from_pretrained = classmethod(from_pretrained)
+            if "get_config_dict" in C.__dict__:  # what AutoConfig and the Auto model classes read first
+                raw = C.__dict__["get_config_dict"]
+                gfn = raw.__func__ if isinstance(raw, classmethod) else raw
+
+                @functools.wraps(gfn)
+                def get_config_dict(cls, name, *a, **kw):
+                    return gfn(cls, sb.read(name, f"{clsname}.get_config_dict"), *a, **kw)
+
+                C.get_config_dict = classmethod(get_config_dict)
+
+        return patch
+
+    def _patch_loaders(self, clsname: str, arg: int = 0) -> Callable:
+        """``from_pretrained`` (and a configuration's ``get_config_dict``) of an Auto class / PeftModel: the path is
+        read through :meth:`read` before anything of it is opened (an Auto class reads the configuration first,
+        through PretrainedConfig, then the weights)."""
+
+        def patch(mod) -> None:
+            C = getattr(mod, clsname, None)
+            if C is None:
+                return
+            sb = self
+            for meth in ("from_pretrained", "get_config_dict"):
+                raw = C.__dict__.get(meth)
+                if raw is None:
+                    continue
+                fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+
+                def make(fn, meth):
+                    @functools.wraps(fn)
+                    def load(cls, *a, **kw):
+                        a = list(a)
+                        if len(a) > arg:
+                            a[arg] = sb.read(a[arg], f"{clsname}.{meth}")
+                        return fn(cls, *a, **kw)
+
+                    return classmethod(load)
+
+                setattr(C, meth, make(fn, meth))
 
         return patch
 
@@ -326,6 +392,8 @@ class Sandbox:
                 os.makedirs(to, exist_ok=True)
                 kw["default_root_dir"] = to
                 sb.note("Lightning default_root_dir (lightning_logs, checkpoints)", shown, to)
+                if root is not None:
+                    sb.out_dirs.add(os.path.abspath(shown))
             return o_init(self, *a, **kw)
 
         T.__init__ = __init__
