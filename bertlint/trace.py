@@ -237,6 +237,7 @@ class Trace:
     loader_text: str = ""  # the loader as written (``train_dataloader``), for messages
     index_text: str = ""  # the micro-batch index as written (``step`` of ``enumerate``), for messages
     epochs_from: str = ""  # "loop" (an epoch loop), "call" (the loop's function, once per epoch), "once" (no epochs)
+    sites: dict = field(default_factory=dict)  # the producer's nodes by role ("accumulate": the accumulate() calls)
     undecided_skip: bool = False  # a ``continue`` / ``break`` under a condition the run could not decide
     after_loop: bool = False  # the statements after the loop ran at each epoch's end (the loop's function is one epoch)
 
@@ -892,6 +893,53 @@ def scaler_calls_per_step(trace: Trace) -> list:
     return _first_unique(out)
 
 
+def update_on_every_path(trace: Trace) -> list:
+    """BL202: after ``scaler.unscale_(opt)``, ``scaler.update()`` runs on every path before the next ``unscale_`` of
+    that optimizer. A path without it: every update after the unscale_ sits under a condition that reads a value set
+    *after* the unscale_ (``skip = grad_norm > limit`` ... ``if not skip: scaler.step(opt); scaler.update()``) and no
+    update runs on its other side; taking it, the next window's ``unscale_`` raises. Conditions the dry run decided,
+    or that read only values set before the unscale_ (the same gate written twice), make no such path."""
+    out = []
+    evs = trace.events
+    for i, u in enumerate(evs):
+        if u.kind != "unscale":
+            continue
+        ua = {(k, p) for k, p, _ in u.meta.get("arms", ())}
+        useq = u.meta.get("seq", 0)
+        nxt, updates = None, []
+        for e in evs[i + 1:]:
+            if e.kind == "unscale" and e.opt == u.opt:
+                nxt = e
+                break
+            if e.kind == "update":
+                updates.append(e)
+        if nxt is None or nxt.mb == u.mb or not updates:
+            continue
+        extras = [{(k, p) for k, p, _ in e.meta.get("arms", ()) if (k, p) not in ua} for e in updates]
+        if any(not x for x in extras):
+            continue  # an update that runs whenever the unscale_ did
+        found = None
+        for e in updates:
+            for k, p, seq in e.meta.get("arms", ()):
+                if (k, p) in ua or seq <= useq:
+                    continue
+                if any(x <= {(k, not p)} for x in extras):
+                    continue  # the other side updates too
+                found = (e, k, p)
+                break
+            if found:
+                break
+        if found is None:
+            continue
+        e, k, p = found
+        side = f"`{k}` is {'false' if p else 'true'}"
+        msg = (f"`{u.name}`, then `{e.name}` only when `{k}` holds, a condition on a value set after the unscale_ → "
+               f"when {side}, nothing calls `update()` and the next `{nxt.name}` raises RuntimeError: unscale_() has "
+               f"already been called on this optimizer since the last update()")
+        out.append(Violation("BL202", u, msg, {"error": "update skipped", "update": e, "cond": k}, [e]))
+    return _first_unique(out)
+
+
 def ddp_sync(trace: Trace) -> list:
     """BL114: under DDP, one all-reduce per update: the forwards and backwards of a window's first N-1 micro-batches
     run with sync off, the last one's with sync on (DDP decides at forward time)."""
@@ -993,7 +1041,7 @@ INVARIANTS: dict = {
     "BL115": engine_owns_boundary,
     "BL114": ddp_sync,
     "BL201": unscale_before_clip,
-    "BL202": scaler_calls_per_step,
+    "BL202": lambda tr: scaler_calls_per_step(tr) + update_on_every_path(tr),
 }
 
 

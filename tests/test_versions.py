@@ -172,3 +172,14 @@ def test_removed_argument_without_pin_is_a_warning_that_names_the_assumption(tmp
     V.pins_near.cache_clear()
     pinned = [d for d in lint_path(str(script)) if d.code == "BL407"]
     assert len(pinned) == 1 and pinned[0].severity.value == "E" and "pinned in requirements.txt:1" in pinned[0].message
+
+
+def test_git_source_install_at_a_release_tag_pins_that_release(tmp_path):
+    root = _repo(tmp_path)
+    (root / "requirements.txt").write_text(
+        "torch\ntransformers @ git+https://github.com/huggingface/transformers.git@v4.28.1#egg=transformers\n"
+        "git+https://github.com/huggingface/accelerate@main\n")
+    vs = _resolve(root / "train.py", use_installed=False)
+    assert (vs.transformers.text, vs.transformers.source) == ("4.28.1", "pinned in requirements.txt:2")
+    # a branch says nothing about the release: not read as a pin
+    assert vs.accelerate.source == "assumed current release"

@@ -732,6 +732,9 @@ class _Runner:
         self.epoch = 0
         self.certain = True
         self.conds: list = []
+        self.arms: list = []  # (condition text, polarity, last store of a name it reads) of the undecided ifs entered
+        self.store_seq = 0
+        self.last_store: dict = {}
         self.no_sync = 0
         self.in_acc = 0
         self.sync: Optional[bool] = True
@@ -1188,11 +1191,15 @@ class _Runner:
         saved = self.certain
         self.certain = False
         self.conds.append((line, stmt.test))
+        arm_key = _norm(self.dr.code(stmt.test))
+        arm_seq = max((self.last_store.get(nm, 0) for nm in self.dr.names_calls(stmt.test)[0]), default=0)
+        self.arms.append((arm_key, True, arm_seq))
         before_l, before_s = dict(frame.locals), dict(self.shared)
         self.store_logs.append(set())
         arm1 = None
         try:
             self._block(_body(stmt.body), frame, chain, level)
+            self.arms[-1] = (arm_key, False, arm_seq)
             stored1 = self.store_logs.pop()
             arm1 = (dict(frame.locals), dict(self.shared), stored1)
             self.store_logs.append(set())
@@ -1206,6 +1213,7 @@ class _Runner:
         finally:
             self.certain = saved
             self.conds.pop()
+            self.arms.pop()
             stored = self.store_logs.pop()
             if arm1 is not None:
                 _merge_arms(frame.locals, before_l, arm1[0], arm1[2], stored)
@@ -1256,6 +1264,9 @@ class _Runner:
                     k, _ = self.dr.role(recv, frame.func)
                     if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
                         acc = True
+                        sites = self.trace.sites.setdefault("accumulate", [])
+                        if all(x is not e for x in sites):
+                            sites.append(e)
                         self._enter_accumulate()
                         continue
                 if attr in ("no_sync", "no_backward_sync"):
@@ -1418,12 +1429,17 @@ class _Runner:
         new = self._binop(binop, cur, rhs, node.value, node)
         if binop is cst.Add and isinstance(rhs, Tensor) and rhs.graph:
             self.emit("keep_loss", node, target=d)
+        elif binop is cst.Add and self.in_micro and isinstance(rhs, Num) and rhs.v is not None and rhs.v > 0:
+            # a hand counter advanced (``global_step += 1``): which micro-batches advance it (BL110)
+            self.emit("counter", node, target=d, value=new.v if isinstance(new, Num) else None, via="hand")
         self.store(d, new, frame)
 
     # ------------------------------------------------------------------ names
     def store(self, name: str, v, frame) -> None:
         if self.store_logs:
             self.store_logs[-1].add(name)
+        self.store_seq += 1
+        self.last_store[name] = self.store_seq
         if name.startswith("self."):
             self.shared[name] = v
         else:
@@ -2244,6 +2260,8 @@ class _Runner:
         ev.meta["site"] = self.site if self.depth else None
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
+        ev.meta["arms"] = tuple(self.arms)  # the undecided conditions and the side taken (trace.update_on_every_path)
+        ev.meta["seq"] = self.store_seq
         ev.meta["in_accumulate"] = bool(self.in_acc)
         self.trace.events.append(ev)
 
@@ -2365,8 +2383,24 @@ def _scaler_enabled(f) -> bool:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+_SKIPS: dict = {}
+
+
 def _skips(stmt) -> bool:
-    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it)."""
+    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it). A fact of the
+    tree, asked on every pass over the statement: memoised by node identity (the node is kept with its answer, so
+    its id cannot be reused; the table is bounded)."""
+    hit = _SKIPS.get(id(stmt))
+    if hit is not None and hit[0] is stmt:
+        return hit[1]
+    r = _skips_walk(stmt)
+    if len(_SKIPS) > 20000:
+        _SKIPS.clear()
+    _SKIPS[id(stmt)] = (stmt, r)
+    return r
+
+
+def _skips_walk(stmt) -> bool:
     todo = list(stmt.children)
     while todo:
         n = todo.pop()

@@ -63,14 +63,22 @@ FuncNode = Union[cst.FunctionDef, None]
 
 def dotted(expr: cst.BaseExpression) -> Optional[str]:
     """``a.b.c`` for Name/Attribute chains, else None."""
+    # exact type tests: libcst nodes are ABCs, and isinstance through ABCMeta is the hot spot of the dry run here
+    tp = type(expr)
+    if tp is _Name:
+        return expr.value
     parts = []
-    while isinstance(expr, cst.Attribute):
+    while tp is _Attribute:
         parts.append(expr.attr.value)
         expr = expr.value
-    if isinstance(expr, cst.Name):
+        tp = type(expr)
+    if tp is _Name:
         parts.append(expr.value)
         return ".".join(reversed(parts))
     return None
+
+
+_Name, _Attribute = cst.Name, cst.Attribute
 
 
 def call_name(call: cst.Call) -> Optional[str]:
@@ -358,9 +366,20 @@ def literal(expr: Optional[cst.BaseExpression]) -> Any:
     """A Python literal for literal expressions, else UNKNOWN."""
     if expr is None:
         return UNKNOWN
+    tp = type(expr)
+    if tp is cst.Integer:
+        try:
+            return int(expr.value, 0)  # 0x10, 1_000 (an old-style 010 is not Python 3: literal_eval below says so)
+        except ValueError:
+            pass
+    elif tp is cst.Float:
+        try:
+            return float(expr.value)
+        except ValueError:
+            pass
     if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
         try:
-            return ast.literal_eval(code_of(expr))
+            return ast.literal_eval(expr.value if tp is cst.SimpleString else code_of(expr))
         except Exception:
             return UNKNOWN
     if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):

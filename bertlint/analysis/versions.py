@@ -295,9 +295,29 @@ def resolve_spec(package: str, spec: str, where: str) -> Optional[TargetVersion]
 _REQ_LINE = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*(.*)$")
 
 
+_VCS = re.compile(r"(?:^|@\s*)git\+https?://[^@\s]*?/(?P<repo>[A-Za-z0-9_.\-]+?)(?:\.git)?@(?P<ref>[^\s#@]+)")
+_TAG = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?)$")
+
+
+def _vcs_pin(line: str) -> Optional[tuple[str, str]]:
+    """``git+https://github.com/huggingface/transformers@v4.30.0`` (or ``transformers @ git+...@v4.30.0``): a source
+    install at a release tag pins that release. A branch or commit does not say which release it is: None."""
+    m = _VCS.search(line)
+    if not m:
+        return None
+    pkg = _ALIASES.get(m.group("repo").lower().replace("_", "-"))
+    t = _TAG.match(m.group("ref"))
+    if pkg is None or not t:
+        return None
+    return pkg, "==" + t.group(1)
+
+
 def _requirement(line: str) -> Optional[tuple[str, str]]:
     """``"transformers[torch]>=4.46,<4.48 ; python_version>'3'  # c"`` -> ("transformers", ">=4.46,<4.48")."""
     line = line.split("#", 1)[0].split(";", 1)[0].strip().strip("\"'").strip()
+    vcs = _vcs_pin(line)
+    if vcs is not None:
+        return vcs
     if not line or line.startswith(("-", "git+", "http")):
         return None
     m = _REQ_LINE.match(line)

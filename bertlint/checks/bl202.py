@@ -21,6 +21,13 @@ def check(ctx) -> None:
         after = [s for s in steps if tr.events.index(s) > tr.events.index(e)]
         # the step of the optimizer this call acts on (a GAN's scaler steps two optimizers)
         anchor = next((s for s in after if e.opt and s.opt == e.opt), after[0] if after else (steps[-1] if steps else None))
+        if v.data.get("error") == "update skipped":
+            # the skip depends on a value of the run (a gradient norm, a NaN check): a warning, with the path
+            _ga.treport(ctx, run, tr, e.node,
+                        f"`{e.text}` can be left without its `update()` (torch.amp GradScaler, {_ga.fw(ctx, 'torch')})"
+                        f"{_ga.when(tr)}: {v.message}. Call `{v.data['update'].text}` on the skipping path too (or "
+                        f"unscale only once the step is certain).", severity=Severity.WARNING)
+            continue
         if v.data.get("error") == "unscale twice":
             fix = None
         elif e.kind == "update":
