@@ -12,6 +12,16 @@
     python benchmarks/bench_lint.py --runs 11 --no-trees  # latency only
     python benchmarks/bench_lint.py --trees accelerate --limit 200 --json out.json
     python benchmarks/bench_lint.py --profile             # where one lint spends its time (per analysis / rule)
+    python benchmarks/bench_lint.py --no-trees --others /work/benchvenv/bin   # side by side with TorchFix, Fixit, ruff
+    python benchmarks/bench_lint.py --no-trees --no-latency --corpus         # the speed corpus, cold and warm
+
+3. ``--corpus [DIR]``: the speed corpus (``benchmarks/speed_corpus/``, restored by its ``restore.py``: 429 example
+   files of accelerate, diffusers and pytorch/examples) as one ``bertlint DIR`` run on 2 worker processes,
+   cold (``--no-cache``) and warm (result cache filled by an earlier run); targets: <= 12 s cold, <= 1 s warm.
+
+The other linters (TorchFix, Fixit, ruff) are never dependencies of bertlint: install them into a separate
+virtual environment and pass their executables (``--torchfix PATH``, ``--fixit PATH``, ``--ruff PATH``, or
+``--others BINDIR`` for all three); a tool that is not given or not found is skipped with a note.
 
 Nothing here imports torch / transformers / accelerate: the trees are located with importlib.util.find_spec.
 """
@@ -42,24 +52,111 @@ def _bertlint_cmd() -> list[str]:
     return [found] if found else [sys.executable, "-m", "bertlint"]
 
 
-def _time(cmd: list[str], runs: int, env: dict) -> tuple[float, list[float], int, float]:
-    """(median wall s, all wall s, exit status, median CPU s of the child: user + sys, less sensitive to a
-    loaded machine than wall time)."""
+def _time_interleaved(cmds: dict[str, list[str]], runs: int, env: dict) -> dict[str, tuple]:
+    """``_time`` for several commands, one run of each per round (warm-up round first)."""
     import resource
 
-    times = []
-    cpu = []
-    rc = 0
-    subprocess.run(cmd, capture_output=True, env=env)  # warm the page cache and the .pyc files
+    res: dict[str, tuple[list, list, int]] = {k: ([], [], 0) for k in cmds}
+    for k, cmd in cmds.items():
+        subprocess.run(cmd, capture_output=True, env=env)  # page cache and .pyc files
     for _ in range(runs):
+        for k, cmd in cmds.items():
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            p = subprocess.run(cmd, capture_output=True, env=env)
+            dt = time.perf_counter() - t
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            walls, cpus, _ = res[k]
+            walls.append(dt)
+            cpus.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+            res[k] = (walls, cpus, p.returncode)
+    return {k: (statistics.median(w), w, rc, statistics.median(c)) for k, (w, c, rc) in res.items()}
+
+
+CORPUS = os.path.join(HERE, "speed_corpus", "files")
+
+
+def corpus(root: str, runs: int, jobs: int, tools: dict[str, str], tool_timeout: float) -> dict:
+    """Whole ``bertlint DIR`` runs over the speed corpus: cold (no cache) and warm (result cache filled first)."""
+    import resource
+
+    if not os.path.isdir(root):
+        print(f"speed corpus: {root} missing; restore it: python benchmarks/speed_corpus/restore.py", flush=True)
+        return {"skipped": f"{root} missing"}
+    files = [p for p, _ in (_discover(root))]
+    n_py = sum(1 for f in files if f.endswith(".py"))
+    lines = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            lines += fh.read().count(b"\n")
+    env = _env()
+    base = [*_bertlint_cmd(), "--exit-zero", "--jobs", str(jobs), "--output-format", "json-lines"]
+
+    def run(cmd, env_, timeout=None):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, env=env)
-        times.append(time.perf_counter() - t)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env_, timeout=timeout)
+            rc, stdout = p.returncode, p.stdout
+        except subprocess.TimeoutExpired:
+            rc, stdout = None, ""
+        dt = time.perf_counter() - t
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
-        rc = p.returncode
-    return statistics.median(times), times, rc, statistics.median(cpu)
+        return dt, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), rc, stdout
+
+    out: dict = {"root": os.path.relpath(root), "files": len(files), "python_files": n_py, "lines": lines, "jobs": jobs}
+    cold, cold_cpu, outputs = [], [], set()
+    for _ in range(runs):
+        dt, cpu, rc, so = run([*base, "--no-cache", root], env)
+        cold.append(dt)
+        cold_cpu.append(cpu)
+        outputs.add(so)
+    with tempfile.TemporaryDirectory() as cache_dir:
+        wenv = {k: v for k, v in env.items() if k != "BERTLINT_NO_CACHE"}
+        fill = run([*base, "--cache-dir", cache_dir, root], wenv)
+        warm, warm_cpu = [], []
+        for _ in range(runs):
+            dt, cpu, rc_w, so = run([*base, "--cache-dir", cache_dir, root], wenv)
+            warm.append(dt)
+            warm_cpu.append(cpu)
+            outputs.add(so)
+    n_diag = len(next(iter(outputs)).splitlines()) if outputs else 0
+    out["bertlint"] = {
+        "cold_median_s": round(statistics.median(cold), 3),
+        "cold_all_s": [round(x, 3) for x in cold],
+        "cold_cpu_median_s": round(statistics.median(cold_cpu), 3),
+        "cache_fill_s": round(fill[0], 3),
+        "warm_median_s": round(statistics.median(warm), 3),
+        "warm_all_s": [round(x, 3) for x in warm],
+        "warm_cpu_median_s": round(statistics.median(warm_cpu), 3),
+        "diagnostics": n_diag,
+        "identical_output_cold_warm": len(outputs) == 1,
+        "exit": rc,
+    }
+    b = out["bertlint"]
+    print(
+        f"speed corpus {out['root']}: {len(files)} files ({n_py} .py), {lines} lines, --jobs {jobs}\n"
+        f"    bertlint cold (--no-cache) {b['cold_median_s']:.2f} s (spread {_spread(cold)} s, CPU {b['cold_cpu_median_s']:.2f} s)"
+        f"  target <= 12 s: {'met' if b['cold_median_s'] <= 12 else 'NOT met'}\n"
+        f"    bertlint warm (cache)      {b['warm_median_s']:.3f} s (spread {_spread(warm)} s, CPU {b['warm_cpu_median_s']:.3f} s)"
+        f"  target <= 1 s: {'met' if b['warm_median_s'] <= 1 else 'NOT met'}  (fill run {b['cache_fill_s']:.2f} s)\n"
+        f"    {n_diag} diagnostics; output identical cold / warm: {b['identical_output_cold_warm']}",
+        flush=True,
+    )
+    for t, exe in tools.items():  # one run each, with a timeout: they take minutes
+        dt, cpu, rc_t, _ = run(OTHER_TOOLS[t](exe, root, jobs), env, timeout=tool_timeout)
+        out[t] = {"version": _tool_version(exe), "wall_s": round(dt, 2), "cpu_s": round(cpu, 2), "exit": rc_t,
+                  "timed_out": rc_t is None}
+        note = f"timed out after {tool_timeout:.0f} s" if rc_t is None else f"exit {rc_t}"
+        print(f"    {TOOL_LABEL[t]:<9} {out[t]['version']:<28} {dt:.2f} s wall, {cpu:.2f} s CPU (one run; {note})", flush=True)
+    return out
+
+
+def _discover(root: str):
+    sys.path.insert(0, os.path.dirname(HERE))
+    from bertlint.sources import discover
+
+    return discover([root])
 
 
 def _env() -> dict:
@@ -71,8 +168,44 @@ def _env() -> dict:
     return env
 
 
-def latency(runs: int, extra: list[str]) -> list[dict]:
+# the command line of each other linter on one path (a file or a folder); cache off where a tool has one
+OTHER_TOOLS = {
+    "torchfix": lambda exe, path, jobs: [exe, "--jobs", str(jobs), path] if jobs else [exe, path],
+    "fixit": lambda exe, path, jobs: [exe, "lint", path],
+    "ruff": lambda exe, path, jobs: [exe, "check", "--no-cache", "--isolated", "--exit-zero", path],
+}
+TOOL_LABEL = {"torchfix": "TorchFix", "fixit": "Fixit", "ruff": "ruff"}
+
+
+def _tool_version(exe: str) -> str:
+    try:
+        p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, env=_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return (p.stdout or p.stderr).strip().splitlines()[0] if (p.stdout or p.stderr).strip() else "?"
+
+
+def other_tools(a) -> dict[str, str]:
+    """{tool: executable} of the other linters that were given and exist; a note for each one skipped."""
+    found = {}
+    for tool in OTHER_TOOLS:
+        exe = getattr(a, tool) or (os.path.join(a.others, tool) if a.others else None)
+        if exe and os.path.isfile(exe) and os.access(exe, os.X_OK):
+            found[tool] = exe
+        elif exe:
+            print(f"note: {TOOL_LABEL[tool]}: {exe} not found, skipped", flush=True)
+        else:
+            print(f"note: {TOOL_LABEL[tool]}: not given (--{tool} PATH or --others BINDIR), skipped", flush=True)
+    return found
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{min(xs):.3f}-{max(xs):.3f}"
+
+
+def latency(runs: int, extra: list[str], tools: dict[str, str] | None = None) -> list[dict]:
     env = _env()
+    tools = tools or {}
     out = []
     for name in ("train_small.py", "train_large.py"):
         path = os.path.join(DATA, name)
@@ -80,8 +213,12 @@ def latency(runs: int, extra: list[str]) -> list[dict]:
             lines = len(f.read().splitlines())
         floor_cmd = [sys.executable, "-c", f"import libcst; libcst.parse_module(open({path!r}).read())"]
         lint_cmd = [*_bertlint_cmd(), *extra, path]
-        floor, floor_all, _, floor_cpu = _time(floor_cmd, runs, env)
-        lint, lint_all, rc, lint_cpu = _time(lint_cmd, runs, env)
+        # interleaved: one run of each command per round, so that a change of the machine's load hits all alike
+        cmds = {"floor": floor_cmd, "bertlint": lint_cmd}
+        cmds.update({t: OTHER_TOOLS[t](exe, path, 0) for t, exe in tools.items()})
+        timed = _time_interleaved(cmds, runs, env)
+        floor, floor_all, _, floor_cpu = timed["floor"]
+        lint, lint_all, rc, lint_cpu = timed["bertlint"]
         row = {
             "file": f"benchmarks/data/{name}",
             "lines": lines,
@@ -96,14 +233,32 @@ def latency(runs: int, extra: list[str]) -> list[dict]:
             "floor_all_s": [round(t, 4) for t in floor_all],
             "bertlint_all_s": [round(t, 4) for t in lint_all],
         }
+        for t in tools:
+            med, all_, trc, cpu = timed[t]
+            row[t] = {
+                "version": _tool_version(tools[t]),
+                "median_s": round(med, 4),
+                "all_s": [round(x, 4) for x in all_],
+                "cpu_median_s": round(cpu, 4),
+                "vs_floor": round(med / floor, 3),
+                "vs_bertlint": round(med / lint, 3),
+                "exit": trc,
+            }
         out.append(row)
         print(
             f"{row['file']:<32} {lines:>5} lines  floor {floor:.3f} s  bertlint {lint:.3f} s  "
             f"ratio {lint / floor:.2f}x  (exit {rc}); CPU: floor {floor_cpu:.3f} s  bertlint {lint_cpu:.3f} s  "
-            f"ratio {lint_cpu / max(floor_cpu, 1e-9):.2f}x; spread: floor {min(floor_all):.3f}-{max(floor_all):.3f} s  "
-            f"bertlint {min(lint_all):.3f}-{max(lint_all):.3f} s",
+            f"ratio {lint_cpu / max(floor_cpu, 1e-9):.2f}x; spread: floor {_spread(floor_all)} s  "
+            f"bertlint {_spread(lint_all)} s",
             flush=True,
         )
+        for t in tools:
+            r = row[t]
+            print(
+                f"    {TOOL_LABEL[t]:<9} {r['version']:<28} {r['median_s']:.3f} s (spread {_spread(r['all_s'])} s, "
+                f"CPU {r['cpu_median_s']:.3f} s)  {r['vs_floor']:.2f}x the floor, {r['vs_bertlint']:.2f}x bertlint  (exit {r['exit']})",
+                flush=True,
+            )
     for r in out:
         print(
             f"target {r['file']}: <= 1.2x the floor: {'met' if r['ratio'] <= 1.2 else 'NOT met'} "
@@ -276,13 +431,23 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--profile", action="store_true", help="CPU time per stage, analysis and rule (in-process)")
     ap.add_argument("--bertlint-args", default="", help="extra options for the latency runs (e.g. '--select BL001')")
+    ap.add_argument("--corpus", nargs="?", const=CORPUS, default=None, help="time the speed corpus (default folder: %(const)s)")
+    ap.add_argument("--corpus-runs", type=int, default=3)
+    ap.add_argument("--corpus-jobs", type=int, default=2, help="worker processes for the corpus runs (the targets are for 2 cores)")
+    ap.add_argument("--tool-timeout", type=float, default=600, help="seconds for one run of another linter on the corpus")
+    for t in OTHER_TOOLS:
+        ap.add_argument(f"--{t}", metavar="PATH", help=f"the {TOOL_LABEL[t]} executable (a separate virtual environment)")
+    ap.add_argument("--others", metavar="BINDIR", help="folder holding the torchfix / fixit / ruff executables")
     a = ap.parse_args()
     result: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
     if a.profile:
         result["profile"] = profile([os.path.join(DATA, n) for n in ("train_small.py", "train_large.py")])
         return 0
+    tools = other_tools(a) if (not a.no_latency or a.corpus) else {}
     if not a.no_latency:
-        result["latency"] = latency(a.runs, a.bertlint_args.split())
+        result["latency"] = latency(a.runs, a.bertlint_args.split(), tools)
+    if a.corpus:
+        result["corpus"] = corpus(a.corpus, a.corpus_runs, a.corpus_jobs, tools, a.tool_timeout)
     if not a.no_trees:
         result["trees"] = trees([t for t in a.trees.split(",") if t], a.limit, a.jobs)
     if a.json:

@@ -28,8 +28,10 @@ __all__ = [
 ]
 
 
-def lint_text(text: str, filename: str, settings: Optional[Settings] = None) -> list[Diagnostic]:
-    """Diagnostics for the contents ``text`` of ``filename`` (the name picks the reader and is reported)."""
+def lint_text(text: str, filename: str, settings: Optional[Settings] = None, *, parse=None) -> list[Diagnostic]:
+    """Diagnostics for the contents ``text`` of ``filename`` (the name picks the reader and is reported).
+    ``parse`` (Python files): text -> module or syntax error, instead of a full parse (the language server's
+    incremental one)."""
     from bertlint import engine
     from bertlint.sources import kind_of
 
@@ -40,7 +42,7 @@ def lint_text(text: str, filename: str, settings: Optional[Settings] = None) -> 
     elif k == "config":
         diags = engine.lint_config(text, filename, settings)
     else:
-        diags = engine.lint_python(text, filename, settings)
+        diags = engine.lint_python(text, filename, settings, parse)
     if diags and "noqa" in text:  # a file-level `# bertlint: noqa[: CODES]` line
         from bertlint.noqa import apply_file_exemption
 

@@ -296,9 +296,19 @@ def _err(msg: str) -> int:
     return 2
 
 
+# True while main() runs as the process's entry point (``bertlint ...``, ``python -m bertlint``: argv from the
+# command line), not called from other code (tests, a library user): only then is the garbage collector tuned.
+_ENTRY_POINT = False
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    global _ENTRY_POINT
     if argv is None:
         argv = sys.argv[1:]
+        _ENTRY_POINT = True
+    import gc
+
+    gc_was = gc.isenabled()
     try:
         return _main(list(argv))
     except KeyboardInterrupt:
@@ -311,6 +321,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         except (OSError, ValueError):
             pass
         return 1
+    finally:
+        if gc_was:
+            gc.enable()
 
 
 def _main(argv: list[str]) -> int:
@@ -318,6 +331,14 @@ def _main(argv: list[str]) -> int:
         head = argv[0]
         if head in _SUBCOMMANDS:
             return _dispatch(head, argv[1:])
+    if _ENTRY_POINT:
+        # A lint run is a short process: no cyclic garbage collection while the modules are imported (each
+        # collection would walk every object imported so far); `run` freezes what was imported and turns
+        # collection back on (main turns it back on in any case).
+        import gc
+
+        gc.disable()
+    if argv:
         if head == "rule":
             return _rule_cmd(argv[1:])
         if head == "rules":
@@ -756,6 +777,7 @@ def run(o: Options) -> int:
     import time
 
     t0 = time.perf_counter()
+    _freeze_imports()
     results.extend(_lint_files(o, file_tasks))
     stdin_out: Optional[str] = None
     if stdin_task is not None:
@@ -778,6 +800,19 @@ def run(o: Options) -> int:
         with stream:
             return _report(o, results, stdin_out, stream)
     return _report(o, results, stdin_out)
+
+
+def _freeze_imports() -> None:
+    """Import what a lint needs, move everything alive now (modules, classes, tables) out of the garbage
+    collector's sight (``gc.freeze``: never scanned again, also not at exit), and turn collection back on for
+    the objects the lint creates (the engine pauses it while a file is parsed and analysed)."""
+    import gc
+
+    from bertlint import engine  # noqa: F401  (libcst and the engine)
+
+    if _ENTRY_POINT:
+        gc.freeze()
+        gc.enable()
 
 
 def _cache_root(o: Options) -> Optional[str]:

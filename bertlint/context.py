@@ -28,6 +28,7 @@ class FileContext:
     def symbols(self):
         from bertlint.analysis import symbols
 
+        self.index  # one walk of the tree first: the later walks read its children lists
         return symbols.build(self.module)
 
     @cached_property
@@ -69,6 +70,7 @@ class FileContext:
         """Grad mode, model forwards, backward reachability and loop data flow (``bertlint/analysis/evalflow.py``)."""
         from bertlint.analysis import evalflow
 
+        self.index
         return evalflow.EvalFlow(self.module, self.symbols, self.filename)
 
     @cached_property
@@ -231,21 +233,25 @@ class NodeIndex:
     ``parent(node)`` / ``ancestors(node)``."""
 
     def __init__(self, module: cst.CSTNode) -> None:
-        from bertlint.analysis.walk import children
+        from bertlint.analysis import walk
 
+        children = walk._children
         by_type: dict[type, list[cst.CSTNode]] = {}
         parents: dict[int, cst.CSTNode] = {}
+        kids_of: dict[int, list] = {}
         stack: list[cst.CSTNode] = [module]
         while stack:
             n = stack.pop()
             by_type.setdefault(type(n), []).append(n)
             kids = children(n)
+            kids_of[id(n)] = kids
             for k in kids:
                 parents[id(k)] = n
-            kids.reverse()
-            stack.extend(kids)
+            stack.extend(reversed(kids))
         self._by_type = by_type
         self._parents = parents
+        # every later walk of this module (symbols, evaluation flow, rules) reads these children lists
+        walk.cache_children(module, kids_of)
 
     def of(self, *types: type) -> list:
         if len(types) == 1 and types[0] in self._by_type:

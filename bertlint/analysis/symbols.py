@@ -63,14 +63,22 @@ FuncNode = Union[cst.FunctionDef, None]
 
 def dotted(expr: cst.BaseExpression) -> Optional[str]:
     """``a.b.c`` for Name/Attribute chains, else None."""
+    # exact type tests: libcst nodes are ABCs, and isinstance through ABCMeta is the hot spot of the dry run here
+    tp = type(expr)
+    if tp is _Name:
+        return expr.value
     parts = []
-    while isinstance(expr, cst.Attribute):
+    while tp is _Attribute:
         parts.append(expr.attr.value)
         expr = expr.value
-    if isinstance(expr, cst.Name):
+        tp = type(expr)
+    if tp is _Name:
         parts.append(expr.value)
         return ".".join(reversed(parts))
     return None
+
+
+_Name, _Attribute = cst.Name, cst.Attribute
 
 
 def call_name(call: cst.Call) -> Optional[str]:

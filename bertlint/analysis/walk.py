@@ -11,6 +11,7 @@ leave), same contract (``visit_X`` returning False skips the children).
 from __future__ import annotations
 
 import dataclasses
+from operator import attrgetter
 from typing import Any
 
 import libcst as cst
@@ -89,14 +90,75 @@ def _dispatch(vcls: type, tp: type) -> tuple[Any, Any]:
     return d
 
 
+# The children of every node of the module being analysed, filled by ``FileContext.index`` (one walk of the
+# whole tree), so that the later walks (symbols, evaluation flow, roles, rules) read a dict instead of the
+# dataclass fields again. Keyed by ``id(node)``: ``_CACHED_ROOT`` holds the module, which keeps every node of
+# it alive, so no other object can have one of those ids while they are cached.
+_CACHE: dict[int, list] = {}
+_CACHED_ROOT: Any = None
+
+
+def cache_children(root: cst.CSTNode, kids: dict[int, list]) -> None:
+    """Serve ``children`` of the nodes under ``root`` from ``kids`` (``id(node)`` -> children list) until the
+    next call. The lists are shared: callers of ``children`` must not mutate what it returns."""
+    global _CACHE, _CACHED_ROOT
+    _CACHED_ROOT, _CACHE = root, kids
+
+
+def release_children() -> None:
+    """Forget the cached children (and the module they belong to)."""
+    global _CACHE, _CACHED_ROOT
+    _CACHED_ROOT, _CACHE = None, {}
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """The code-bearing children of ``node`` in source order (no whitespace/punctuation nodes)."""
+    """The code-bearing children of ``node`` in source order (no whitespace/punctuation nodes). The list may be
+    shared (``cache_children``): do not mutate it."""
+    k = _CACHE.get(id(node))
+    if k is not None:
+        return k
+    return _children(node)
+
+
+_GETTERS: dict[type, Any] = {}
+_IS_NODE: dict[type, bool] = {}  # type -> is it a CSTNode subclass (CSTNode is an ABC: isinstance is slow)
+
+
+def _getter(tp: type):
+    """One C-level call that reads every code-bearing field of a node of type ``tp`` (as a tuple)."""
+    names = _fields_of(tp)
+    if not names:
+        g: Any = lambda n: ()  # noqa: E731
+    elif len(names) == 1:
+        one = attrgetter(names[0])
+        g = lambda n: (one(n),)  # noqa: E731
+    else:
+        g = attrgetter(*names)
+    _GETTERS[tp] = g
+    return g
+
+
+def _is_node(tp: type) -> bool:
+    r = _IS_NODE.get(tp)
+    if r is None:
+        r = _IS_NODE[tp] = issubclass(tp, _CST)
+    return r
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     out: list[cst.CSTNode] = []
-    for name in _fields_of(type(node)):
-        v = getattr(node, name)
-        if isinstance(v, _CST):
+    tp = type(node)
+    for v in (_GETTERS.get(tp) or _getter(tp))(node):
+        tv = type(v)
+        if tv is list or tv is tuple:
+            for x in v:
+                if _IS_NODE.get(type(x)) or _is_node(type(x)):
+                    out.append(x)
+        elif v is None or tv is str:
+            continue
+        elif _IS_NODE.get(tv) or _is_node(tv):
             out.append(v)
-        elif isinstance(v, (list, tuple)):
+        elif isinstance(v, (list, tuple)):  # a subclass of list / tuple (never seen in libcst's nodes)
             out.extend(x for x in v if isinstance(x, _CST))
     return out
 
@@ -121,9 +183,7 @@ def walk(node: cst.CSTNode, visitor: Any) -> None:
         if leave is not None:
             stack.append(n)
             stack.append(_LEAVE)
-        kids = children(n)
-        kids.reverse()
-        stack.extend(kids)
+        stack.extend(reversed(children(n)))
 
 
 def iter_nodes(node: cst.CSTNode):
@@ -132,6 +192,4 @@ def iter_nodes(node: cst.CSTNode):
     while stack:
         n = stack.pop()
         yield n
-        kids = children(n)
-        kids.reverse()
-        stack.extend(kids)
+        stack.extend(reversed(children(n)))

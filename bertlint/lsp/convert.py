@@ -19,11 +19,12 @@ from bertlint.types import Diagnostic
 LINTABLE_SUFFIXES = (".py", ".pyi", ".ipynb", ".json", ".yaml", ".yml")
 
 
-def lint(text: str, filename: str, settings: Any = None) -> list[Diagnostic]:
-    """Lint the unsaved ``text`` as if it were the file ``filename`` (the CLI's path and rules)."""
+def lint(text: str, filename: str, settings: Any = None, parse=None) -> list[Diagnostic]:
+    """Lint the unsaved ``text`` as if it were the file ``filename`` (the CLI's path and rules). ``parse``: the
+    server's incremental parser (``bertlint.incremental``), same module as a full parse."""
     from bertlint import api
 
-    return list(api.lint_text(text, filename, settings))
+    return list(api.lint_text(text, filename, settings, parse=parse))
 
 
 def load_settings(path: str):

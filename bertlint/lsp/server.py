@@ -106,7 +106,12 @@ _RECENT_PER_FILE = 4
 
 def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
     """Runs on the worker thread."""
+    global _reparser
     guard_rules()
+    if _reparser is None:
+        from bertlint.incremental import Reparser
+
+        _reparser = Reparser()
     out = LintOutcome(None)
     settings = None
     try:
@@ -123,7 +128,8 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
             return out
     _tls.rule_errors = out.rule_errors
     try:
-        out.diagnostics = convert.lint(text, filename, settings)
+        parse = functools.partial(_reparser.parse, filename) if filename.endswith(".py") else None
+        out.diagnostics = convert.lint(text, filename, settings, parse)
     except Exception:  # RecursionError on absurd nesting, an engine bug: keep the server alive
         out.crash = traceback.format_exc(limit=12)
     finally:
@@ -134,8 +140,15 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
     return out
 
 
+# The last module of each open Python file: a change re-parses only the top-level statements it touched
+# (``bertlint/incremental.py``; the result is the module a full parse gives). Used on the worker thread only.
+_reparser = None
+
+
 def forget(filename: str) -> None:
     _recent.pop(filename, None)
+    if _reparser is not None:
+        _reparser.forget(filename)
 
 
 # ---------------------------------------------------------------------------------------------------

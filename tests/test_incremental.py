@@ -1,0 +1,84 @@
+"""The language server's incremental parse (bertlint/incremental.py) gives the module a full parse gives."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import libcst as cst
+
+from bertlint import api
+from bertlint.incremental import Reparser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "data", "train_small.py")
+
+
+def _edits(text: str):
+    """Editor-like single edits, deterministic: a letter typed into a name, comment and blank lines added and
+    removed (at column 0 and indented, so that they may move between a block and the next statement), a
+    comment typed at the end of a line, the header changed, text appended at the end."""
+    lines = text.splitlines(keepends=True)
+    out = []
+    for i in range(0, len(lines), max(1, len(lines) // 12)):
+        line = lines[i]
+        m = re.search(r"[A-Za-z_]", line)
+        if m:
+            out.append("".join(lines[:i] + [line[: m.end()] + "q" + line[m.end() :]] + lines[i + 1 :]))
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        out.append("".join(lines[:i] + [indent + "# typed\n"] + lines[i:]))
+        out.append("".join(lines[:i] + ["# typed\n"] + lines[i:]))
+        out.append("".join(lines[:i] + ["\n"] + lines[i:]))
+        if not line.strip() or line.lstrip().startswith("#"):
+            out.append("".join(lines[:i] + lines[i + 1 :]))
+    out.append("# a header comment\n" + text)
+    out.append(text + "# trailing comment")
+    out.append(text + "\nx = 1\n")
+    return out
+
+
+def test_incremental_parse_equals_full_parse():
+    with open(SCRIPT) as f:
+        text = f.read()
+    r = Reparser()
+    assert isinstance(r.parse("k", text), cst.Module)
+    spliced = 0
+    for new in _edits(text):
+        got = r.parse("k", new)
+        try:
+            full = cst.parse_module(new)
+        except cst.ParserSyntaxError:  # a letter typed into a keyword: the full parse's error, no splice
+            assert isinstance(got, tuple)
+            continue
+        assert isinstance(got, cst.Module)
+        assert got.code == new
+        assert got.deep_equals(full), new
+        spliced += r.last_reparsed is not None
+        # back to the original text: a second splice, from the edited module
+        back = r.parse("k", text)
+        assert back.code == text and back.deep_equals(cst.parse_module(text))
+    assert spliced > 25  # the edits were spliced, not parsed in full
+
+
+def test_incremental_parse_syntax_error_is_the_full_parse_error():
+    with open(SCRIPT) as f:
+        text = f.read()
+    r = Reparser()
+    r.parse("k", text)
+    i = text.index("def ")
+    broken = text[:i] + "def (\n" + text[i:]
+    got = r.parse("k", broken)
+    assert isinstance(got, tuple)  # (message, row, col) from the full parse
+    assert api.lint_text(broken, "t.py")[0].code == "BL001"
+    assert isinstance(r.parse("k", text), cst.Module)
+
+
+def test_lint_with_incremental_parse_same_diagnostics():
+    path = os.path.join(ROOT, "examples", "train_bert_accum.py")
+    with open(path) as f:
+        text = f.read()
+    r = Reparser()
+    parse = lambda t: r.parse(path, t)  # noqa: E731
+    assert api.lint_text(text, path, parse=parse) == api.lint_text(text, path)
+    for new in _edits(text)[::9]:
+        assert api.lint_text(new, path, parse=parse) == api.lint_text(new, path)
