@@ -916,11 +916,15 @@ class _Runner:
         idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
         first = 1 if kind != "ignite" and params and params[0] in ("self", "cls") else 0
         self.in_micro += 1
-        for ep in range(2):
+        # a method with its own counter sees no epochs (one run of calls); a function handed the scaler is one update
+        # per call (a few calls)
+        epochs = 2 if kind in ("lightning", "ignite") else 1
+        length = min(self.length, 3) if kind == "scaler_fn" else self.length
+        for ep in range(epochs):
             self.epoch = ep
-            for k in range(self.length):
+            for k in range(length):
                 self.mb += 1
-                self.last_iter = k == self.length - 1
+                self.last_iter = k == length - 1
                 frame = _Frame(fn, self.loop.cls, 0)
                 for nm in params[first:]:
                     frame.locals[nm] = UNK
@@ -936,8 +940,8 @@ class _Runner:
                 if self._block(_body(fn.body), frame) == "break" and kind != "lightning":
                     pass
         self.in_micro -= 1
-        self.trace.epochs = 2
-        self.trace.epoch_len = self.length
+        self.trace.epochs = epochs
+        self.trace.epoch_len = length
         if kind in ("lightning", "method", "scaler_fn"):
             # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
             # the call: no claim that it never does
