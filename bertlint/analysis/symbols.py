@@ -61,13 +61,22 @@ UNKNOWN: Any = _Unknown()
 FuncNode = Union[cst.FunctionDef, None]
 
 
+_NAME_T, _ATTRIBUTE_T = cst.Name, cst.Attribute
+
+
 def dotted(expr: cst.BaseExpression) -> Optional[str]:
     """``a.b.c`` for Name/Attribute chains, else None."""
+    # exact type checks: Name and Attribute have no subclasses, and isinstance on libcst's ABC-based node
+    # classes is several times slower (this runs ~50,000 times on a 1,200-line script)
+    tp = type(expr)
+    if tp is _NAME_T:
+        return expr.value
     parts = []
-    while isinstance(expr, cst.Attribute):
+    while tp is _ATTRIBUTE_T:
         parts.append(expr.attr.value)
         expr = expr.value
-    if isinstance(expr, cst.Name):
+        tp = type(expr)
+    if tp is _NAME_T:
         parts.append(expr.value)
         return ".".join(reversed(parts))
     return None
