@@ -237,6 +237,7 @@ class Trace:
     loader_text: str = ""  # the loader as written (``train_dataloader``), for messages
     index_text: str = ""  # the micro-batch index as written (``step`` of ``enumerate``), for messages
     epochs_from: str = ""  # "loop" (an epoch loop), "call" (the loop's function, once per epoch), "once" (no epochs)
+    sites: dict = field(default_factory=dict)  # the producer's nodes by role ("accumulate": the accumulate() calls)
     undecided_skip: bool = False  # a ``continue`` / ``break`` under a condition the run could not decide
     after_loop: bool = False  # the statements after the loop ran at each epoch's end (the loop's function is one epoch)
 

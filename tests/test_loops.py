@@ -58,7 +58,6 @@ def test_inner_loop_is_the_training_loop_with_index_and_n():
     assert step.per_window and not step.per_micro_batch
     g = step.frequency_gates[0]
     assert g.kind == "modulo" and g.last_clause and g.offset == 0
-    assert loop.index_start_at(g) == 1
     assert codes(PLAIN) == []
 
 
@@ -101,10 +100,7 @@ def test_hand_counter_before_and_after_the_test():
     """
     after = before.replace("        step += 1\n", "").replace("            opt.step(); opt.zero_grad()\n",
                                                               "            opt.step(); opt.zero_grad()\n        step += 1\n")
-    lb, la = model(before).loops[0], model(after).loops[0]
-    gb, ga = lb.steps[0].frequency_gates[0], la.steps[0].frequency_gates[0]
-    assert lb.index_start_at(gb) == 1
-    assert la.index_start_at(ga) == 0
+    # where the counter is advanced decides the first window: the dry run's BL107, not a pattern
     assert codes(before) == []
     assert [c for c, _ in codes(after)] == ["BL107"]
 
@@ -136,8 +132,6 @@ def test_flag_gate_continue_gate_and_else_branch():
         else:
             optimizer.step()
     """
-    loop = model(inverted).loops[0]
-    assert loop.steps[0].inverse
     assert [c for c, _ in codes(inverted)] == ["BL108"]
 
 

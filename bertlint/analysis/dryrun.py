@@ -1265,6 +1265,9 @@ class _Runner:
                     k, _ = self.dr.role(recv, frame.func)
                     if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
                         acc = True
+                        sites = self.trace.sites.setdefault("accumulate", [])
+                        if all(x is not e for x in sites):
+                            sites.append(e)
                         self._enter_accumulate()
                         continue
                 if attr in ("no_sync", "no_backward_sync"):
@@ -1427,6 +1430,9 @@ class _Runner:
         new = self._binop(binop, cur, rhs, node.value, node)
         if binop is cst.Add and isinstance(rhs, Tensor) and rhs.graph:
             self.emit("keep_loss", node, target=d)
+        elif binop is cst.Add and self.in_micro and isinstance(rhs, Num) and rhs.v is not None and rhs.v > 0:
+            # a hand counter advanced (``global_step += 1``): which micro-batches advance it (BL110)
+            self.emit("counter", node, target=d, value=new.v if isinstance(new, Num) else None, via="hand")
         self.store(d, new, frame)
 
     # ------------------------------------------------------------------ names

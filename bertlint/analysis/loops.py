@@ -26,9 +26,15 @@ API for rules (``ctx.loops`` is a :class:`FileLoops`)::
     for loop in ctx.loops:                     # TrainingLoop, innermost loop running a backward (or window loop)
         loop.owner                             # plain | accelerate | accelerate-manual | deepspeed | fabric | ...
         loop.accum()                           # AccumFactor(text, value|None, source) or None
-        for e in loop.steps:                   # Event: kind, call, gates, per_micro_batch / per_window / inverse
+        for e in loop.steps:                   # Event: kind, call, gates, per_micro_batch / per_window
             ...
-        loop.loss_divisions(), loop.counters, loop.index, loop.no_sync_blocks, loop.accum_adds
+        loop.loss_divisions(), loop.counters, loop.index, loop.accum_adds
+
+The training-loop rules decide from the dry run (``bertlint/analysis/dryrun.py``, ``bertlint/trace.py``); what this
+module still gives them and the dry run: loop discovery (the training loop, its epoch loops, its window loop and
+same-file callees), the receivers table and what the Accelerator / GradScaler / schedulers are built with, the
+accumulation factor N (``accum()``), the loop's owner and index, ``units_of``. Its per-loop events and gates feed
+``accum()`` / ``owner`` / ``explain`` / BL113 / BL410.
     ctx.loops.kinds                            # variable -> optimizer | scheduler | scaler | accelerator | engine ...
     ctx.loops.accelerator_ga                   # AccumFactor of Accelerator / plugins, None when not configured
     ctx.loops.accelerator_deepspeed            # the DeepSpeedPlugin expression, if any
@@ -254,12 +260,6 @@ class Event:
         return bool(fg) and all(g.on_boundary for g in fg) and not any(g.kind in ("loop",) for g in self.gates)
 
     @property
-    def inverse(self) -> bool:
-        """Runs on the micro-batches that are NOT the window's last (an inverted gate)."""
-        fg = self.frequency_gates
-        return bool(fg) and any(not g.on_boundary for g in fg)
-
-    @property
     def frequency(self) -> str:
         if self.per_micro_batch:
             return "per-micro-batch"
@@ -313,16 +313,11 @@ class TrainingLoop:
     counters: list[Counter] = field(default_factory=list)
     index: Optional[Index] = None
     accum_adds: list[tuple[str, cst.CSTNode, int, tuple]] = field(default_factory=list)  # total += loss
-    no_sync_blocks: list[tuple[cst.With, str, bool, bool]] = field(default_factory=list)  # (with, recv, fwd, bwd)
     outer: list[LoopNode] = field(default_factory=list)
-    accumulate_used: bool = False
     accumulate_calls: list = field(default_factory=list)  # the ``accelerator.accumulate(...)`` calls
     callees: list = field(default_factory=list)  # same-file functions walked as part of the body
-    no_sync_gates: dict = field(default_factory=dict)  # id(with) -> gates of the with statement
     window_of: Optional[cst.CSTNode] = None  # window-loop style: the inner micro-batch loop
     window_range: Optional[cst.BaseExpression] = None  # ``N`` of ``for micro in range(N)``
-    accelerate_receivers: set = field(default_factory=set)
-    test_seq: dict = field(default_factory=dict)  # id(gate node) -> seq of the test
     file: Optional["FileLoops"] = None
     assigned: set = field(default_factory=set)  # names assigned in the loop body
 
@@ -383,9 +378,6 @@ class TrainingLoop:
                 out.append(d)
         return out
 
-    def any_division(self) -> bool:
-        return bool(self.divisions)
-
     def accum(self) -> Optional[AccumFactor]:
         """The accumulation factor N of this loop: a step-gate modulus, a loss divisor, the Accelerator's."""
         f = self.file
@@ -406,24 +398,6 @@ class TrainingLoop:
             if c.value is None:
                 return c
         return cands[0] if cands else None
-
-    def index_start_at(self, gate: Gate) -> Optional[int]:
-        """First value of ``gate``'s index expression (with its ``+ 1``) at the test, when known."""
-        if gate.index_text is None:
-            return None
-        name = gate.index_text
-        if self.index is not None and self.index.name == name and self.index.source in ("enumerate", "range"):
-            return None if self.index.start is None else self.index.start + gate.offset
-        for c in self.counters:
-            if c.name == name and c.per_micro_batch:
-                if c.init is None:
-                    return None
-                test_seq = self.test_seq.get(id(gate.node))
-                if test_seq is None:
-                    return None
-                before = c.seq < test_seq
-                return c.init + (1 if before else 0) + gate.offset
-        return None
 
 
 # ---------------------------------------------------------------------------------------------- collection
@@ -1140,16 +1114,10 @@ class _LoopWalker:
         for stmt in stmts:
             if isinstance(stmt, cst.If) and _terminates(stmt.body) and stmt.orelse is None:
                 g = self._gate(stmt.test, func)
-                self._mark_test(g, stmt)
                 self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
                 gates = gates + (_else(g),)
                 continue
             self._stmt(stmt, stmts, gates, acc, nosync, via, cls, func, depth)
-
-    def _mark_test(self, g: Gate, node) -> None:
-        self.seq += 1
-        if g.node is not None:
-            self.loop.test_seq[id(g.node)] = self.seq
 
     def _stmt(self, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
         if isinstance(stmt, cst.SimpleStatementLine):
@@ -1158,7 +1126,6 @@ class _LoopWalker:
             return
         if isinstance(stmt, cst.If):
             g = self._gate(stmt.test, func)
-            self._mark_test(g, stmt)
             self._exprs(stmt.test, stmt, block, gates, acc, nosync, via, cls, func, depth)
             self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
             if stmt.orelse is not None:
@@ -1170,7 +1137,6 @@ class _LoopWalker:
             return
         if isinstance(stmt, cst.With):
             a2, n2 = acc, nosync
-            ns_recv = None
             for item in stmt.items:
                 self._exprs(item.item, stmt, block, gates, acc, nosync, via, cls, func, depth)
                 for call in _calls_of(item.item):
@@ -1179,23 +1145,11 @@ class _LoopWalker:
                         recv = dotted(call.func.value)
                         if recv and (self.f.kinds.get(recv) == "accelerator" or ACCEL_NAME_RE.match(recv.split(".")[-1])):
                             a2 = True
-                            self.loop.accumulate_used = True
                             self.loop.accumulate_calls.append(call)
                     if nm.endswith(".no_sync") or nm.endswith("no_backward_sync") or nm.endswith(".join"):
                         if nm.endswith(".no_sync") or nm.endswith("no_backward_sync"):
                             n2 = True
-                            ns_recv = nm
-            before = len(self.loop.events)
             self._block(_body_list(stmt.body), gates, a2, n2, via, cls, func, depth)
-            if ns_recv is not None and not nosync:
-                inside = self.loop.events[before:]
-                mname = ns_recv.rsplit(".", 1)[0]
-                fwd = _has_forward(stmt.body) or any(
-                    dotted(c.func) == mname for c in _calls_of(stmt.body)
-                )
-                bwd = any(e.kind == "backward" for e in inside)
-                self.loop.no_sync_blocks.append((stmt, ns_recv, fwd, bwd))
-                self.loop.no_sync_gates[id(stmt)] = tuple(gates)
             return
         if isinstance(stmt, (cst.For, cst.While)):
             if isinstance(stmt, cst.For):
@@ -1564,16 +1518,6 @@ def _walk_expr(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if type(n) is cst.Call]
-
-
-def _has_forward(suite: cst.BaseSuite) -> bool:
-    """Does the block compute something from a call (``out = model(x)``, ``loss = model(**b).loss``)?"""
-    for stmt in _body_list(suite):
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for s in stmt.body:
-                if isinstance(s, (cst.Assign, cst.AnnAssign)) and s.value is not None and _calls_of(s.value):
-                    return True
-    return False
 
 
 def _target_names(t, out: set) -> None:

@@ -1,9 +1,8 @@
 """Helpers shared by the training-loop rules (BL101–BL115, BL201, BL202). Not a rule module (leading underscore).
 
-The window rules read the dry run (``bertlint/analysis/dryrun.py``: ``violations``, ``treport``, the ``t*`` fix
-helpers); the rules not yet moved to it (BL106, BL109, BL110, BL111) read ``ctx.loops``
-(``bertlint/analysis/loops.py``) through ``accum_gated`` / ``single_optimizer`` / ``report``. None re-walks the
-tree.
+The loop rules read the dry run (``bertlint/analysis/dryrun.py``: ``violations``, ``treport``, the ``t*`` fix
+helpers) and the set-up facts of ``ctx.loops`` (what the Accelerator configures, schedule lengths and units);
+``report`` is kept for BL113's loop-level report. None re-walks the tree.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from typing import Optional
 
 import libcst as cst
 
-from bertlint.analysis.loops import Event, Gate, TrainingLoop
+from bertlint.analysis.loops import TrainingLoop
 from bertlint.analysis.symbols import code_of, dotted
 from bertlint.types import Applicability, Edit, Position, Severity
 
@@ -27,43 +26,6 @@ def fw(ctx, package: str, display: Optional[str] = None) -> str:
         return f"{name} {tv.text} [{tv.source}]"
     except Exception:
         return name
-
-
-
-
-def no_window(loop: TrainingLoop, gate: Optional[Gate] = None) -> bool:
-    """Every backward runs under the step's own gate (``gate``, or the step's boundary gates), on its firing side:
-    the gradients of the skipped micro-batches are never computed, so nothing accumulates across micro-batches and
-    there is no window for the accumulation rules to reason about (each update comes from one micro-batch)."""
-    bws = loop.backwards
-    if not bws:
-        return False
-    gates = [gate] if gate is not None else [g for e in loop.steps for g in e.frequency_gates if g.on_boundary]
-    nodes = {id(g.node) for g in gates if g is not None and g.node is not None and g.kind == "modulo"}
-    if not nodes:
-        return False
-    return all(any(id(g.node) in nodes and g.on_boundary for g in e.frequency_gates) for e in bws)
-
-
-def accum_gated(loop: TrainingLoop) -> bool:
-    """The optimizer step runs once per window of a modulo / counter / sync / boundary gate (not a logging one)."""
-    if not loop.step_gated():
-        return False
-    if no_window(loop):
-        return False
-    for e in loop.steps:
-        for g in e.frequency_gates:
-            if g.kind == "modulo" and g.modulus_text and _logging(g.modulus_text):
-                return False
-    return True
-
-
-def _logging(text: str) -> bool:
-    from bertlint.analysis.loops import ACCUM_RE, LOG_RE
-
-    return bool(LOG_RE.search(text)) and not ACCUM_RE.search(text)
-
-
 
 
 
@@ -118,24 +80,6 @@ def _lambda_length(fn):
         if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide) and isinstance(n.right, cst.Name)
     }
     return next(iter(names.values())) if len(names) == 1 else None
-
-
-def optimizers(loop: TrainingLoop) -> set:
-    """The optimizers the loop steps (``optimizer.step()`` receivers, ``scaler.step(opt)`` arguments)."""
-    out = set()
-    for e in loop.steps:
-        if e.kind == "scaler_step":
-            out.add(code_of(e.arg).strip() if e.arg is not None else "?")
-        else:
-            out.add(e.receiver or "?")
-    return out
-
-
-def single_optimizer(loop: TrainingLoop) -> bool:
-    """Rules about *the* accumulation window need one optimizer (GAN-style loops step several on different
-    schedules: we do not guess which one accumulates)."""
-    return len(optimizers(loop)) <= 1
-
 
 
 def owner_note(ctx, loop: TrainingLoop) -> str:

@@ -7,9 +7,16 @@
 - a ``DeepSpeedPlugin`` in code with a hand-written ``(i + 1) % N`` gate and no ``accumulate()``:
   ``sync_gradients`` stays True, so the engine steps after every micro-batch and the gate is a no-op
   (``exp_accelerate_deepspeed.out``).
-The accelerate-YAML side (``deepspeed_config`` in the launch config) lives in another module."""
+The accelerate-YAML side (``deepspeed_config`` in the launch config) lives in another module.
+
+From the dry run: which ``accumulate()`` contexts it entered, which backwards it reached (and through what:
+``loss.backward()`` / ``scaler.scale(loss).backward()`` against ``accelerator.backward``), and whether the step is
+gated (it runs on fewer micro-batches than the backward). What the Accelerator configures (accumulation, a
+DeepSpeed plugin, a launcher config) is a set-up fact of the file."""
 
 from __future__ import annotations
+
+import libcst as cst
 
 from bertlint.analysis.symbols import code_of
 from bertlint.checks import _ga
@@ -21,73 +28,102 @@ from bertlint.types import Applicability, Severity
       "accelerate accumulate() misuse: no accumulation configured, loss.backward(), or a hand gate under DeepSpeed",
       fix=Applicability.UNSAFE)
 def check(ctx) -> None:
+    from bertlint.analysis import dryrun
+
     f = ctx.loops
     if not f.accelerator_calls:
         return
     accel_names = [n for n, k in f.kinds.items() if k == "accelerator"]
     accel = accel_names[0] if len(accel_names) == 1 else "accelerator"
     ds_on, ds_reason = _launcher_deepspeed(ctx)
-    for loop in f:
-        # 1. accumulate() with nothing configured
-        if loop.accumulate_used and f.accelerator_ga is None and not f.accelerator_ga_unknown \
-                and f.accelerator_deepspeed is None and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source \
-                and not ds_on:
-            for call in loop.accumulate_calls[:1]:
-                _ga.report(
-                ctx, loop,
-                    call,
-                    f"`accumulate()` is used but `{code_of(f.accelerator_calls[0]).strip()[:60]}` configures no gradient "
-                    f"accumulation ({_ga.fw(ctx, 'accelerate')} then syncs and steps on every micro-batch: N = 1). "
-                    f"Pass `Accelerator(gradient_accumulation_steps=N)` (unless `accelerate launch "
+    done: set = set()
+    for run in dryrun.of(ctx):
+        loop = run.loop
+        traces = [t for t in run.traces if t.complete] or run.traces
+        # 1. accumulate() with nothing configured (the dry run entered accelerate's accumulate())
+        if f.accelerator_ga is None and not f.accelerator_ga_unknown and f.accelerator_deepspeed is None \
+                and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source and not ds_on:
+            calls = [c for t in traces for c in t.sites.get("accumulate", [])]
+            for call in calls[:1]:
+                if id(call) in done:
+                    continue
+                done.add(id(call))
+                _ga.treport(
+                    ctx, run, traces[0], call,
+                    f"`accumulate()` is used but `{code_of(f.accelerator_calls[0]).strip()[:60]}` configures no "
+                    f"gradient accumulation ({_ga.fw(ctx, 'accelerate')} then syncs and steps on every micro-batch: "
+                    f"N = 1). Pass `Accelerator(gradient_accumulation_steps=N)` (unless `accelerate launch "
                     f"--gradient_accumulation_steps` sets it for DeepSpeed).",
                 )
-        # 2. plain loss.backward() with a prepared model
+        # 2. a plain loss.backward() (or scaler.scale(loss).backward()) the dry run reaches with a prepared model
         if f.prepared and f.prepared_for(loop):
-            for bw in loop.backwards:
-                if bw.backward_style not in ("tensor", "scaler"):
+            for tr in traces:
+                for bw in tr.of("backward"):
+                    call = bw.node
+                    if bw.via not in ("tensor", "scaler") or not isinstance(call, cst.Call) or id(call) in done:
+                        continue
+                    if id(call) in _own_scaled_backwards(ctx):
+                        continue  # apex ``with amp.scale_loss(loss, opt) as scaled: scaled.backward()``: apex's path
+                    done.add(id(call))
+                    fix = None
+                    arg = call.func.value if isinstance(call.func, cst.Attribute) else None
+                    if bw.via == "tensor" and arg is not None and not call.args:
+                        fix = ctx.fix(f"Use `{accel}.backward(...)`",
+                                      [ctx.edit_replace(call, f"{accel}.backward({code_of(arg).strip()})")],
+                                      Applicability.UNSAFE)
+                    ga = f.accelerator_ga
+                    ga_note = (f" With {ga.shown} accumulation steps the gradient is {ga.n}× too large, since "
+                               f"`accelerator.backward` is what divides by N;") if ga is not None else ""
+                    severe = (ga is not None and ga.is_more_than_one() is not False) or \
+                        f.accelerator_deepspeed is not None or _fp16(f)
+                    name = code_of(call.func).strip() if isinstance(call.func, cst.Attribute) else "backward"
+                    name = "loss.backward" if bw.via == "tensor" else name
+                    _ga.treport(
+                        ctx, run, tr, call,
+                        f"`{name}()` bypasses the `Accelerator` that prepared this model ({_ga.fw(ctx, 'accelerate')}):"
+                        f"{ga_note} under fp16 its GradScaler never scales (the first unscale raises "
+                        f"`AssertionError: Attempted unscale_ but _scale is None`), and under DeepSpeed the engine is "
+                        f"skipped. Call `{accel}.backward(loss)`.",
+                        fix=fix,
+                        severity=Severity.ERROR if severe else Severity.WARNING,
+                    )
+        # 3. DeepSpeedPlugin + a hand gate around the step, no accumulate() (the dry run's steps skip micro-batches)
+        if f.accelerator_deepspeed is not None or ds_on:
+            for tr in traces:
+                if tr.owner != "accelerate-manual":
                     continue
-                if id(bw.call) in _own_scaled_backwards(ctx):
-                    continue  # apex ``with amp.scale_loss(loss, opt) as scaled: scaled.backward()``: apex's own path
-                fix = None
-                if bw.backward_style == "tensor" and bw.arg is not None and not bw.call.args:
-                    fix = ctx.fix(f"Use `{accel}.backward(...)`",
-                                  [ctx.edit_replace(bw.call, f"{accel}.backward({code_of(bw.arg).strip()})")],
-                                  Applicability.UNSAFE)
-                ga = f.accelerator_ga
-                ga_note = (f" With {ga.shown} accumulation steps the gradient is {ga.n}× too large, since "
-                           f"`accelerator.backward` is what divides by N;") if ga is not None else ""
-                severe = (ga is not None and ga.is_more_than_one() is not False) or f.accelerator_deepspeed is not None \
-                    or _fp16(f)
-                _ga.report(
-                ctx, loop,
-                    bw.call,
-                    f"`{bw.name}()` bypasses the `Accelerator` that prepared this model ({_ga.fw(ctx, 'accelerate')}):"
-                    f"{ga_note} under fp16 its GradScaler never scales (the first unscale raises "
-                    f"`AssertionError: Attempted unscale_ but _scale is None`), and under DeepSpeed the engine is "
-                    f"skipped. Call `{accel}.backward(loss)`.",
-                    fix=fix,
-                    severity=Severity.ERROR if severe else Severity.WARNING,
-                )
-        # 3. DeepSpeedPlugin + hand gate without accumulate()
-        if (f.accelerator_deepspeed is not None or ds_on) and loop.owner == "accelerate-manual":
-            for e in loop.steps:
-                gs = [g for g in e.frequency_gates if g.kind in ("modulo", "counter") and g.on_boundary]
-                if not gs:
+                gate = _hand_gate(tr)
+                if gate is None or id(gate) in done:
                     continue
-                # DeepSpeed only expected (DummyOptim, a read of ``accelerator.state.deepspeed_plugin``), neither
-                # the code nor a launcher config turns it on: the finding rests on how the script is launched.
+                done.add(id(gate))
+                # DeepSpeed only expected (DummyOptim, a read of ``accelerator.state.deepspeed_plugin``), neither the
+                # code nor a launcher config turns it on: the finding rests on how the script is launched.
                 expected = f.accelerator_deepspeed is None and ds_reason.startswith("when launched with DeepSpeed")
-                _ga.report(
-                ctx, loop,
-                    gs[0].node,
-                    f"Hand-written accumulation gate `{gs[0].text}` under DeepSpeed ({ds_reason or '`DeepSpeedPlugin`'}) and no "
-                    f"`accelerator.accumulate()` ({_ga.fw(ctx, 'accelerate')}): `sync_gradients` stays True, so "
-                    f"`accelerator.backward` makes every micro-batch an accumulation boundary and the DeepSpeed engine "
-                    f"updates the weights after each one; the gate only skips a no-op `optimizer.step()`. Wrap the "
-                    f"body in `with accelerator.accumulate(model):` and drop the gate.",
+                why = ds_reason or "`DeepSpeedPlugin`"
+                _ga.treport(
+                    ctx, run, tr, gate,
+                    f"Hand-written accumulation gate `{code_of(gate).strip()}` under DeepSpeed ({why}) and no "
+                    f"`accelerator.accumulate()` ({_ga.fw(ctx, 'accelerate')}): "
+                    f"`sync_gradients` stays True, so `accelerator.backward` makes every micro-batch an accumulation "
+                    f"boundary and the DeepSpeed engine updates the weights after each one; the gate only skips a "
+                    f"no-op `optimizer.step()`. Wrap the body in `with accelerator.accumulate(model):` and drop the "
+                    f"gate.",
                     severity=Severity.WARNING if expected else Severity.ERROR,
                 )
                 break
+
+
+def _hand_gate(tr):
+    """The condition around the optimizer step when the dry run shows it gated: the backward runs on every
+    micro-batch, the step (under a condition) on fewer of them."""
+    bws = [b for b in tr.of("backward") if b.certain]
+    steps = tr.of("step")
+    if not steps or not bws or len({b.mb for b in bws}) < tr.micro_batches:
+        return None
+    if len({s.mb for s in steps if s.certain}) >= tr.micro_batches:
+        return None
+    cond = steps[0].meta.get("cond")
+    return cond if cond is not None else None
 
 
 def _own_scaled_backwards(ctx) -> set:

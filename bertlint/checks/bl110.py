@@ -1,6 +1,11 @@
 """BL110 step-counter-counts-micro-batches: a counter advanced on every micro-batch is compared with a budget
 that counts optimizer steps (``max_steps``, ``max_train_steps``, ``num_training_steps``): training stops after
-1/N of the intended updates (and step-based logging / saving fires N times too often)."""
+1/N of the intended updates (and step-based logging / saving fires N times too often).
+
+From the dry run: the counter's advances (``counter`` events) come on every micro-batch while the effective
+optimizer steps come once per N; where it is compared with the budget, and the budget's units, are facts of the
+loop's source (a budget visibly counted in micro-batches, or a bare parameter of the loop's function, is not
+flagged)."""
 
 from __future__ import annotations
 
@@ -21,46 +26,76 @@ _OPS = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual, 
 @rule("BL110", "step-counter-counts-micro-batches", Severity.WARNING,
       "a global-step counter advanced per micro-batch compared with an optimizer-step budget")
 def check(ctx) -> None:
+    from bertlint.analysis import dryrun
+
     f = ctx.loops
-    for loop in f:
-        if loop.owner == "accelerate":
-            # inside accumulate() the optimizer steps only on sync steps: a counter advanced outside
-            # `if accelerator.sync_gradients:` counts micro-batches
-            if f.accelerator_ga is None or f.accelerator_ga.is_more_than_one() is False:
+    seen: set = set()
+    for run in dryrun.of(ctx):
+        loop = run.loop
+        for tr in run.traces:
+            counters = _per_micro_batch_counters(ctx, tr)
+            if not counters:
                 continue
-        elif loop.owner not in _ga.PLAIN_OWNERS or not _ga.accum_gated(loop) or not _ga.single_optimizer(loop):
+            nodes = [loop.node] + [o.test for o in getattr(loop, "outer", []) if isinstance(o, cst.While)]
+            for node in nodes:
+                for comp in _comparisons(node):
+                    if id(comp) in seen:
+                        continue
+                    sides = [comp.left] + [c.comparator for c in comp.comparisons]
+                    names = [dotted(x) for x in sides]
+                    ctr = next((n for n in names if n in counters), None)
+                    budget = next((x for x in sides if dotted(x) != ctr and BUDGET.search(code_of(x))), None)
+                    if ctr is None or budget is None:
+                        continue
+                    if f.units_of(budget, loop.func, tr.n_text) == "micro-batches" or _param(loop.func, budget):
+                        continue
+                    seen.add(id(comp))
+                    n = str(tr.n) if tr.n_source == "resolved" else "N"
+                    _ga.treport(
+                        ctx, run, tr, comp,
+                        f"`{ctr}` is advanced on every micro-batch, but `{code_of(budget).strip()}` counts optimizer "
+                        f"steps and the optimizer steps once per {_ga.n_shown_t(tr)} micro-batches{_ga.when(tr)}: "
+                        f"{counters[ctr]} → training stops after 1/{n} of the intended updates. Advance `{ctr}` "
+                        f"inside the optimizer-step gate (or compare with `{code_of(budget).strip()} * "
+                        f"{tr.n_text}`). ({_ga.owner_note(ctx, loop)}{_ga.trace_note(tr)})",
+                    )
+
+
+def _per_micro_batch_counters(ctx, tr) -> dict:
+    """Counters (name -> the arithmetic, quoted from the trace) that the dry run advances on every micro-batch of a
+    loop whose optimizer steps once per N of them: N > 1, every micro-batch has a backward, the effective steps are
+    fewer than the micro-batches (hand gate, or accelerate's sync steps inside ``accumulate()``), and the counter is
+    advanced exactly once on each micro-batch, never under a condition the run could not decide."""
+    f = ctx.loops
+    if not tr.complete or tr.n is None or tr.n <= 1:
+        return {}
+    if tr.owner == "accelerate":
+        if f.accelerator_ga is None or f.accelerator_ga.is_more_than_one() is False:
+            return {}
+    elif tr.owner not in _ga.PLAIN_OWNERS or len(tr.optimizers()) > 1:
+        return {}
+    mbs = tr.micro_batches
+    steps = tr.effective_steps()
+    bws = [b for b in tr.of("backward") if b.certain]
+    if mbs < 2 * tr.n or len({b.mb for b in bws}) < mbs or not steps or len(steps) >= mbs:
+        return {}
+    if any(not s.certain or s.effective is None for s in tr.of("step")):
+        return {}
+    if tr.owner != "accelerate":
+        wins = tr.window_structure()
+        if not wins or not any(len(w.backwards) == tr.n for w in wins):
+            return {}  # updates are not windows of N backwards
+    by: dict = {}
+    for e in tr.of("counter"):
+        if e.via == "hand" and e.mb >= 0:
+            by.setdefault(e.target, []).append(e)
+    out = {}
+    for name, evs in by.items():
+        if any(not e.certain for e in evs) or sorted(e.mb for e in evs) != list(range(mbs)):
             continue
-        acc = loop.accum()
-        if acc is None or acc.value == 1:
-            continue
-        counters = {c.name for c in loop.counters if c.per_micro_batch}
-        gated = {c.name for c in loop.counters if not c.per_micro_batch}
-        counters -= gated
-        if not counters:
-            continue
-        nodes = [loop.node] + [o.test for o in loop.outer if isinstance(o, cst.While)]
-        seen = set()
-        for node in nodes:
-            for comp in _comparisons(node):
-                if id(comp) in seen:
-                    continue
-                sides = [comp.left] + [c.comparator for c in comp.comparisons]
-                names = [dotted(s) for s in sides]
-                ctr = next((n for n in names if n in counters), None)
-                budget = next((s for s in sides if dotted(s) != ctr and BUDGET.search(code_of(s))), None)
-                if ctr is None or budget is None:
-                    continue
-                if f.units_of(budget, loop.func, acc.text) == "micro-batches" or _param(loop.func, budget):
-                    continue
-                seen.add(id(comp))
-                _ga.report(
-                ctx, loop,
-                    comp,
-                    f"`{ctr}` is advanced on every micro-batch, but `{code_of(budget).strip()}` counts optimizer steps "
-                    f"and the optimizer steps once per {acc.shown} micro-batches: training stops after 1/{acc.n} of the "
-                    f"intended updates. Advance `{ctr}` inside the optimizer-step gate (or compare with "
-                    f"`{code_of(budget).strip()} * {acc.text}`). ({_ga.owner_note(ctx, loop)})",
-                )
+        out[name] = (f"micro-batches 1–{mbs}: `{name}` advanced on each ({len(evs)}×), optimizer stepped "
+                     f"{len(steps)}×")
+    return out
 
 
 def _comparisons(node):

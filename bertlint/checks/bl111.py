@@ -1,12 +1,17 @@
 """BL111 token-mean-loss-accumulated: a hand-written accumulation loop divides a per-micro-batch *token-mean*
 loss (masked / causal LM, token classification) by N. Each token is then weighted 1/(N·c_k) instead of
 1/T_window; micro-batches with different numbers of labelled tokens get a biased gradient (REFERENCE §6:
-5.8–8.3 % loss error on uneven masks). Sequence-level losses (classification, QA) are not flagged."""
+5.8–8.3 % loss error on uneven masks). Sequence-level losses (classification, QA) are not flagged.
+
+From the dry run: a hand-written loop (plain PyTorch or Fabric) whose updates sum N backwards, each loss carrying
+the user's ``1/N`` (the trace's scale factor, at the division that made it); the token-level task is a set-up
+fact read from the file (collator / model class)."""
 
 from __future__ import annotations
 
 import re
 
+from bertlint import trace as T
 from bertlint.checks import _ga
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -17,6 +22,13 @@ TOKEN_TASK = re.compile(
 )
 
 
+# the task itself masks a varying number of tokens (random MLM masks, padded token labels)
+UNEVEN_TASK = re.compile(r"DataCollatorForLanguageModeling|DataCollatorForWholeWordMask|DataCollatorForTokenClassification|"
+                         r"ForMaskedLM|ForTokenClassification|ForPreTraining")
+# padding / masking visible in the file: micro-batches may hold different numbers of labelled tokens
+UNEVEN = re.compile(r"-100\b|pad_token|attention_mask|DataCollator|ignore_index\s*=\s*(?!-1\b)")
+
+
 @rule("BL111", "token-mean-loss-accumulated", Severity.INFO,
       "per-micro-batch token-mean loss divided by N while micro-batches hold different numbers of tokens")
 def check(ctx) -> None:
@@ -24,19 +36,40 @@ def check(ctx) -> None:
     m = TOKEN_TASK.search(src)
     if not m or "num_items_in_batch" in src or 'reduction="sum"' in src or "reduction='sum'" in src:
         return
-    f = ctx.loops
-    for loop in f:
-        if loop.owner not in ("plain", "fabric") or not _ga.accum_gated(loop):
-            continue
-        divs = loop.loss_divisions()
-        if not divs:
-            continue
-        d = divs[0]
-        _ga.report(
-                ctx, loop,
-            d.node,
-            f"`{_ga.code_of(d.node).strip()}` averages a token-level loss ({m.group(0)}) per micro-batch and then "
-            f"divides by the number of micro-batches: tokens of a micro-batch with few labelled tokens weigh more "
-            f"than those of a full one, so the update differs from the full-batch one (5–8 % on uneven masks). "
-            f"Sum the per-token losses and divide by the window's count of labels != -100.",
-        )
+    if not UNEVEN.search(src) and not any(UNEVEN_TASK.search(x.group(0)) for x in TOKEN_TASK.finditer(src)):
+        # a causal LM on fixed-length token streams (nanoGPT's B×T chunks): every micro-batch holds the same number
+        # of tokens, so the mean of means is the window's token mean; no padding or mask is shown to make them differ
+        return
+    from bertlint.analysis import dryrun
+
+    done: set = set()
+    for run in dryrun.of(ctx):
+        for tr in run.traces:
+            f = _divided_by_n(tr)
+            if f is None or id(f.node) in done:
+                continue
+            done.add(id(f.node))
+            _ga.treport(
+                ctx, run, tr, f.node,
+                f"`{_ga.code_of(f.node).strip()}` averages a token-level loss ({m.group(0)}) per micro-batch and then "
+                f"divides by the number of micro-batches: tokens of a micro-batch with few labelled tokens weigh more "
+                f"than those of a full one, so the update differs from the full-batch one (5–8 % on uneven masks). "
+                f"Sum the per-token losses and divide by the window's count of labels != -100.",
+            )
+            break  # one finding per loop
+
+
+def _divided_by_n(tr):
+    """The user's ``/ N`` factor of the loss reaching the backwards of a hand-written loop that accumulates (its
+    updates sum N backwards), or None."""
+    if not tr.complete or tr.owner not in ("plain", "fabric") or tr.n is None or tr.n <= 1:
+        return None
+    wins = tr.window_structure()
+    if not wins or not any(len([b for b in w.backwards if b.certain]) == tr.n for w in wins):
+        return None
+    for b in tr.of("backward"):
+        if b.certain and b.scale is not None:
+            for f in b.scale.by(T.ACCUM_USER):
+                if f.power == -1 and f.node is not None:
+                    return f
+    return None

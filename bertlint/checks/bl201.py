@@ -16,12 +16,19 @@ from bertlint.types import Applicability, Severity
 @rule("BL201", "clip-scaled-gradients", Severity.ERROR,
       "clipping scaled gradients: no scaler.unscale_() before clip_grad_norm_", fix=Applicability.SAFE)
 def check(ctx) -> None:
+    reported: set = set()
     for run, v, tr in _ga.violations(ctx, "BL201"):
         clip = v.event
         step = next((s for s in tr.of("step") if s.via == "scaler" and s.mb >= clip.mb
                      and tr.events.index(s) > tr.events.index(clip)), None)
         if step is None:
             continue
+        # one missing unscale_ is one mistake: several clips before the same scaler step (in one configuration or
+        # in several: `if clip_value: ...` then `if clip_norm: ...`) get one finding, at the first
+        key = (id(run), step.line)
+        if key in reported:
+            continue
+        reported.add(key)
         scaler = step.target or "scaler"
         opt = step.opt or "optimizer"
         fix = None

@@ -401,12 +401,13 @@ class _StepStores:
         for s in self.flow.statements(fn.body):
             if isinstance(s, cst.With) and any(self.flow.ctx_kind(it.item) is not None for it in s.items):
                 continue  # its statements are visited too, but forwards there are not in the caller's mode
+            own_mode = self.flow._caller_grad_mode(s, fn)  # not inside a no_grad / inference_mode block
             if isinstance(s, cst.Assign):
-                v = self.val(s.value, env, fn)
+                v = self.val(s.value, env, fn) if own_mode else None
                 for t in s.targets:
                     self.bind(t.target, v, env, s)
             elif isinstance(s, cst.AnnAssign) and s.value is not None:
-                self.bind(s.target, self.val(s.value, env, fn), env, s)
+                self.bind(s.target, self.val(s.value, env, fn) if own_mode else None, env, s)
             elif isinstance(s, cst.For):
                 it = s.iter
                 src = None
@@ -418,7 +419,7 @@ class _StepStores:
                     env[n] = None
                 if src == _D and names:
                     env[names[-1]] = _T  # for k, v in d.items() / for v in d.values()
-            elif isinstance(s, cst.Expr) and isinstance(s.value, cst.Call):
+            elif isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and own_mode:
                 self.sink(s, env, fn, entry)
                 self.val(s.value, env, fn)  # a call of another method of the class (store_metrics(metrics))
             elif isinstance(s, cst.Return) and s.value is not None:
