@@ -272,3 +272,68 @@ def _check(tr, code):
     from bertlint import trace as T
 
     return T.check(tr, code)
+
+
+def test_micro_batch_loop_in_a_helper_of_the_step_loop():
+    """run_step() -> forward_backward(): the chunk loop in the helper is the window, N = ceil(B / m)."""
+    rs = runs("""
+    import torch
+    class T:
+        def __init__(self, model, microbatch):
+            self.model = model
+            self.microbatch = microbatch
+            self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def run(self, data, steps):
+            for _ in range(steps):
+                batch = next(data)
+                self.forward_backward(batch)
+                self.opt.step()
+        def forward_backward(self, batch):
+            self.opt.zero_grad()
+            for i in range(0, batch.shape[0], self.microbatch):
+                self.model(batch[i : i + self.microbatch]).mean().backward()
+    """)
+    run = next(r for r in rs if r.main is not None and r.main.of("step"))
+    tr = run.main
+    assert tr.n == 4 and tr.n_text == "math.ceil(batch.shape[0] / self.microbatch)"
+    assert {len(w.backwards) for w in tr.windows("self.opt")} == {4}
+    assert len(run.violations("BL103")) == 1
+
+
+def test_ignite_process_function_runs_once_per_iteration():
+    """Engine(update): engine.state.iteration counts from 1, so `% N == 0` steps after micro-batches N, 2N, ..."""
+    (run,) = [r for r in runs("""
+    import torch
+    from ignite.engine import Engine
+    def main(model, loader):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        def update(engine, batch):
+            (model(batch) / 4).backward()
+            if engine.state.iteration % 4 == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        Engine(update).run(loader)
+    """) if getattr(r.loop, "kind", None) == "ignite"]
+    tr = run.main
+    assert [s.mb + 1 for s in tr.effective_steps()][:2] == [4, 8]
+    assert run.violations("BL103") == [] and run.violations("BL101") == []
+
+
+def test_undecided_if_keeps_a_value_both_arms_leave_alike():
+    """`if last: out = f() else: with no_sync(): out = f()`: the loss keeps its scale after the if."""
+    (run,) = runs("""
+    import torch
+    N = 4
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, b in enumerate(loader):
+        if b.last:
+            out = model(b)
+        else:
+            with model.no_sync():
+                out = model(b)
+        (out / N).backward()
+        if (i + 1) % N == 0:
+            opt.step()
+            opt.zero_grad()
+    """)
+    assert all(b.scale is not None and b.scale.n_power == -1 for b in run.main.of("backward"))
