@@ -191,6 +191,7 @@ class FileDryRun:
         self.runs: list[LoopRun] = []
         self._lines: dict = {}
         self._codes: dict = {}
+        self._cond_keys: dict = {}  # id(condition) -> _cond_key(condition)
         self._defs: dict = {}
         self._nc: dict = {}
         self._rel: dict = {}
@@ -1599,7 +1600,11 @@ class _Runner:
         return t
 
     def _config(self, expr, frame) -> Optional[bool]:
-        key, pol = _cond_key(expr)
+        memo = self.dr._cond_keys  # the key regenerates the expression's code: once per node, not per pass
+        got = memo.get(id(expr))
+        if got is None:
+            got = memo[id(expr)] = _cond_key(expr)
+        key, pol = got
         self.cfg_exprs[key] = expr
         if key in self.config:
             return self.config[key] == pol
