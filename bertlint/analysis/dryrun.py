@@ -951,7 +951,9 @@ class _Runner:
         else:
             self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
                 self.f.no_sync_used or "require_backward_grad_sync" in self.dr.ctx.source
-            self.trace.ddp = True if (self.f.ddp_calls or self.f.ddp_wrapped) else None
+            fact = self.dr.ddp_fact
+            self.trace.ddp = True if (fact is not None or self.f.ddp_calls or self.f.ddp_wrapped) else None
+            self.trace.ddp_when = fact[1] if fact is not None else ""  # the wrapping's condition, as in run()
             self.trace.owner = self._owner()
         return self.trace
 
