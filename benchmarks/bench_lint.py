@@ -144,7 +144,7 @@ def corpus(root: str, runs: int, jobs: int, tools: dict[str, str], tool_timeout:
         flush=True,
     )
     for t, exe in tools.items():  # one run each, with a timeout: they take minutes
-        dt, cpu, rc_t, _ = run(OTHER_TOOLS[t](exe, root, jobs), env, timeout=tool_timeout)
+        dt, cpu, rc_t, _ = run(OTHER_TOOLS[t](exe, files, jobs), env, timeout=tool_timeout)
         out[t] = {"version": _tool_version(exe), "wall_s": round(dt, 2), "cpu_s": round(cpu, 2), "exit": rc_t,
                   "timed_out": rc_t is None}
         note = f"timed out after {tool_timeout:.0f} s" if rc_t is None else f"exit {rc_t}"
@@ -169,10 +169,16 @@ def _env() -> dict:
 
 
 # the command line of each other linter on one path (a file or a folder); cache off where a tool has one
+# (``path`` is one path or a list of files: the corpus is passed file by file, because its folder is git-ignored
+# and Fixit, like git, skips what .gitignore names)
+def _paths(path) -> list[str]:
+    return list(path) if isinstance(path, (list, tuple)) else [path]
+
+
 OTHER_TOOLS = {
-    "torchfix": lambda exe, path, jobs: [exe, "--jobs", str(jobs), path] if jobs else [exe, path],
-    "fixit": lambda exe, path, jobs: [exe, "lint", path],
-    "ruff": lambda exe, path, jobs: [exe, "check", "--no-cache", "--isolated", "--exit-zero", path],
+    "torchfix": lambda exe, path, jobs: [exe, "--jobs", str(jobs), *_paths(path)] if jobs else [exe, *_paths(path)],
+    "fixit": lambda exe, path, jobs: [exe, "lint", *_paths(path)],
+    "ruff": lambda exe, path, jobs: [exe, "check", "--no-cache", "--isolated", "--exit-zero", *_paths(path)],
 }
 TOOL_LABEL = {"torchfix": "TorchFix", "fixit": "Fixit", "ruff": "ruff"}
 
