@@ -143,12 +143,19 @@ def corpus(root: str, runs: int, jobs: int, tools: dict[str, str], tool_timeout:
         f"    {n_diag} diagnostics; output identical cold / warm: {b['identical_output_cold_warm']}",
         flush=True,
     )
+    # the other linters read a copy outside the repository: the corpus folder is git-ignored, and Fixit skips
+    # git-ignored files even when they are named on its command line
+    copy_dir = tempfile.mkdtemp(prefix="bertlint-speed-corpus-") if tools else None
+    if copy_dir:
+        shutil.copytree(root, os.path.join(copy_dir, "files"))
     for t, exe in tools.items():  # one run each, with a timeout: they take minutes
-        dt, cpu, rc_t, _ = run(OTHER_TOOLS[t](exe, files, jobs), env, timeout=tool_timeout)
+        dt, cpu, rc_t, _ = run(OTHER_TOOLS[t](exe, os.path.join(copy_dir, "files"), jobs), env, timeout=tool_timeout)
         out[t] = {"version": _tool_version(exe), "wall_s": round(dt, 2), "cpu_s": round(cpu, 2), "exit": rc_t,
                   "timed_out": rc_t is None}
         note = f"timed out after {tool_timeout:.0f} s" if rc_t is None else f"exit {rc_t}"
         print(f"    {TOOL_LABEL[t]:<9} {out[t]['version']:<28} {dt:.2f} s wall, {cpu:.2f} s CPU (one run; {note})", flush=True)
+    if copy_dir:
+        shutil.rmtree(copy_dir, ignore_errors=True)
     return out
 
 
@@ -169,8 +176,7 @@ def _env() -> dict:
 
 
 # the command line of each other linter on one path (a file or a folder); cache off where a tool has one
-# (``path`` is one path or a list of files: the corpus is passed file by file, because its folder is git-ignored
-# and Fixit, like git, skips what .gitignore names)
+# (``path``: one path, or a list of paths)
 def _paths(path) -> list[str]:
     return list(path) if isinstance(path, (list, tuple)) else [path]
 
