@@ -853,6 +853,15 @@ class FileLoops:
         joined = "\n".join(texts)
         if "len(" in joined and not unresolved[0] and not re.search(r"\.\s*max_(train_)?steps", joined):
             return "micro-batches"
+        # a number of samples divided by the (per-device) batch size, never by N: micro-batches per rank
+        # (``num_samples / args.batch_size / world_size``)
+        for root in nodes:
+            for n in walk(root):
+                if type(n) is cst.BinaryOperation and type(n.operator) in (cst.Divide, cst.FloorDivide):
+                    d = dotted(n.right) or ""
+                    if re.search(r"(^|[._])(micro_|per_device_|train_)?batch(_size)?$", d, re.IGNORECASE) \
+                            and not re.search(r"global|total|effective", d, re.IGNORECASE):
+                        return "micro-batches"
         return "unknown"
 
     # ------------------------------------------------------------------ functions reachable from a call
