@@ -409,6 +409,11 @@ def _run_loop(dr: FileDryRun, loop) -> list:
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
+        if acc.value > 1 and acc.expr is not None and getattr(loop, "owner", "") == "plain" \
+                and acc.source in ("gate", "division", "window") and _configurable(f, acc, loop):
+            # a default the user changes at launch (``--grad_accum 2``): the loop must be right for other values too
+            # (``if step % N:`` steps on the right micro-batches only when N = 2)
+            ns.append((REPRESENTATIVE_N if acc.value != REPRESENTATIVE_N else REPRESENTATIVE_N + 1, "other"))
     elif acc is not None:
         ns = [(REPRESENTATIVE_N, "representative"), (1, "N = 1")]
     else:
@@ -645,6 +650,14 @@ def _counter_methods(dr, taken: set) -> list:
             continue
         out.append(ManualStep(dr, fn, cls, "method"))
     return out
+
+
+def _configurable(f, acc, loop) -> bool:
+    """The factor's value is a command-line / dataclass default (the script is run with others too)."""
+    try:
+        return bool(f._from_cli(acc.expr, getattr(loop, "func", None), 0))
+    except Exception:
+        return False
 
 
 def _compares(dr, loop, n_text: str) -> bool:

@@ -218,6 +218,8 @@ def trace_note(tr) -> str:
         return ""
     if tr.n_source == "representative":
         return f"; dry run with N = {tr.n} standing for `{tr.n_text}`"
+    if tr.n_source == "other":
+        return f"; dry run with N = {tr.n}: `{tr.n_text}` is a default the script is launched with other values of"
     return ""
 
 
@@ -269,4 +271,12 @@ def treport(ctx, run, tr, node, message: str, **kw):
             data.setdefault("config", dict(tr.config))
     except Exception:
         pass
+    if tr.n_source == "other":
+        # seen only with another value than the default the script carries: right as launched by default, wrong
+        # when launched with other values - a warning, never an error, on a value we do not know it runs with
+        from bertlint.types import Severity
+
+        sev = kw.get("severity") or (ctx.current.severity if getattr(ctx, "current", None) is not None else None)
+        if sev is not None and Severity(sev) is Severity.ERROR:
+            kw["severity"] = Severity.WARNING
     return ctx.report(node, message, data=data, **kw)
