@@ -1477,7 +1477,43 @@ class EvalFlow:
                     if it.asname is not None:
                         for n in target_names(it.asname.name):
                             env[n] = False
+        for n in self.backwarded_names(loop):
+            if n in env:
+                env[n] = True
         return env
+
+    def backwarded_names(self, loop: cst.CSTNode) -> set:
+        """Usage is evidence: a name the loop calls ``backward`` on (``loss.backward()``,
+        ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``) carries a graph, whatever produced it (a
+        model held in a dict, a callable the analysis cannot follow) - when the loop binds it once, so the value
+        backward-ed is the value used."""
+        out: set = set()
+        counts: dict[str, int] = {}
+        for s in self.statements(loop.body):
+            if isinstance(s, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+                tgts = [t.target for t in s.targets] if isinstance(s, cst.Assign) else [s.target]
+                for t in tgts:
+                    for n in target_names(t) if isinstance(t, (cst.Name, cst.Tuple, cst.List)) else [dotted(t) or ""]:
+                        counts[n] = counts.get(n, 0) + 1
+        for s in self.statements(loop.body):
+            if not isinstance(s, cst.Expr) or not isinstance(s.value, cst.Call):
+                continue
+            call = s.value
+            f = call.func
+            name = None
+            if isinstance(f, cst.Attribute) and f.attr.value == "backward":
+                v = f.value
+                pos = [a for a in call.args if a.keyword is None and not a.star]
+                if isinstance(v, cst.Call):
+                    if isinstance(v.func, cst.Attribute) and v.func.attr.value == "scale" and v.args:
+                        name = dotted(v.args[0].value)  # scaler.scale(loss).backward()
+                elif pos:
+                    name = dotted(pos[0].value)  # accelerator.backward(loss), engine.backward(loss)
+                else:
+                    name = dotted(v)  # loss.backward()
+            if name and counts.get(name, 0) == 1:
+                out.add(name)
+        return out
 
     def _bind(self, targets, value: cst.BaseExpression, env: dict[str, bool]) -> None:
         for t in targets:

@@ -250,6 +250,7 @@ def check(ctx) -> None:
             continue
         env: dict[str, bool] = {}
         training: list = [None]  # computed once per loop, on demand
+        backwarded = flow.backwarded_names(loop)  # usage: what the loop calls backward on carries a graph
         for s in flow.statements(loop.body):
             if isinstance(s, (cst.For, cst.While)):
                 continue
@@ -259,6 +260,10 @@ def check(ctx) -> None:
                     _consider(ctx, flow, loop, scope, s, hit, training)
             if isinstance(s, cst.Assign):
                 flow._bind([t.target for t in s.targets], s.value, env)
+                for t in s.targets:
+                    for n in target_names(t.target) if isinstance(t.target, cst.Name) else []:
+                        if n in backwarded:
+                            env[n] = True
             elif isinstance(s, cst.AnnAssign) and s.value is not None:
                 flow._bind([s.target], s.value, env)
             elif isinstance(s, cst.With):
