@@ -1204,7 +1204,7 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
-        if self.in_micro and not self.trace.undecided_skip and _skips(stmt):
+        if self.in_micro and not self.trace.undecided_skip and _skips(stmt) and not _training_stop(stmt, self.loop):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
         first_ev = len(self.trace.events)
@@ -2405,6 +2405,32 @@ def _scaler_enabled(f) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _training_stop(stmt, loop) -> bool:
+    """``if 0 < max_steps < global_step: break``: a guard that only breaks (no ``continue``) and does not test the
+    micro-batch loop's own position (its target / index names) stops training once, when a budget is reached; it
+    does not decide which micro-batches of each epoch run (``if i >= steps_per_epoch: continue`` does)."""
+    node = getattr(loop, "node", None)
+    if not isinstance(node, cst.For) or not isinstance(stmt, cst.If) or stmt.orelse is not None:
+        return False
+    todo = list(stmt.body.children)
+    breaks = 0
+    while todo:
+        n = todo.pop()
+        tp = type(n)
+        if tp is cst.Continue:
+            return False
+        if tp is cst.Break:
+            breaks += 1
+        if tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        todo.extend(n.children)
+    if not breaks:
+        return False
+    position = set(_target_names(node.target))
+    used = {n.value for n in _walk(stmt.test) if type(n) is cst.Name}
+    return bool(used) and not (used & position)
 
 
 _SKIPS: dict = {}
