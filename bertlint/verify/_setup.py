@@ -14,13 +14,10 @@ from typing import Any, Optional
 
 
 def _num(x: Any) -> Optional[int]:
-    from bertlint.analysis.symbols import UNKNOWN
+    """An integer fact, or None (explain's reading, so both print the same set-up)."""
+    from bertlint.explain import _num as explain_num
 
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or x is UNKNOWN:
-        return None
-    if isinstance(x, float) and not x.is_integer():
-        return None
-    return int(x)
+    return explain_num(x)
 
 
 def _fact(value, source: str) -> dict:
