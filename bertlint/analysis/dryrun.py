@@ -245,6 +245,15 @@ class FileDryRun:
             hit = memo[id(fn)] = (fn, frozenset(_assigned(fn)))
         return hit[1]
 
+    def loop_exits(self, stmt) -> frozenset:
+        """``{"continue", "break"}`` (either, both or neither) of the enclosing loop inside ``stmt`` (not of a loop
+        nested in it): a fact of the tree, asked on every pass over the statement, computed once per statement."""
+        memo = self.__dict__.setdefault("_exits_memo", {})
+        hit = memo.get(id(stmt))
+        if hit is None or hit[0] is not stmt:
+            hit = memo[id(stmt)] = (stmt, _loop_exits(stmt))
+        return hit[1]
+
     def __iter__(self):
         return iter(self.runs)
 
@@ -1204,7 +1213,8 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
-        if self.in_micro and not self.trace.undecided_skip and _skips(stmt) and not _training_stop(stmt, self.loop):
+        exits = self.dr.loop_exits(stmt) if self.in_micro and not self.trace.undecided_skip else None
+        if exits and not _training_stop(stmt, self.loop, exits):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
         first_ev = len(self.trace.events)
@@ -1861,7 +1871,6 @@ class _Runner:
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
         if self.n is None and power < 0 and isinstance(v, (Num, _Unk)):
-            self.divisors.add(text)
             # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
             # expression (through arguments and variables) is one; the loop is run again with it
             src = v.text or text
@@ -2407,60 +2416,35 @@ def _scaler_enabled(f) -> bool:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _training_stop(stmt, loop) -> bool:
+def _training_stop(stmt, loop, exits: frozenset) -> bool:
     """``if 0 < max_steps < global_step: break``: a guard that only breaks (no ``continue``) and does not test the
     micro-batch loop's own position (its target / index names) stops training once, when a budget is reached; it
     does not decide which micro-batches of each epoch run (``if i >= steps_per_epoch: continue`` does)."""
     node = getattr(loop, "node", None)
     if not isinstance(node, cst.For) or not isinstance(stmt, cst.If) or stmt.orelse is not None:
         return False
-    todo = list(stmt.body.children)
-    breaks = 0
-    while todo:
-        n = todo.pop()
-        tp = type(n)
-        if tp is cst.Continue:
-            return False
-        if tp is cst.Break:
-            breaks += 1
-        if tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
-            continue
-        todo.extend(n.children)
-    if not breaks:
+    if exits != frozenset(("break",)):
         return False
     position = set(_target_names(node.target))
     used = {n.value for n in _walk(stmt.test) if type(n) is cst.Name}
     return bool(used) and not (used & position)
 
 
-_SKIPS: dict = {}
-
-
-def _skips(stmt) -> bool:
-    """A ``continue`` / ``break`` of the enclosing loop inside ``stmt`` (not of a loop nested in it). A fact of the
-    tree, asked on every pass over the statement: memoised by node identity (the node is kept with its answer, so
-    its id cannot be reused; the table is bounded)."""
-    hit = _SKIPS.get(id(stmt))
-    if hit is not None and hit[0] is stmt:
-        return hit[1]
-    r = _skips_walk(stmt)
-    if len(_SKIPS) > 20000:
-        _SKIPS.clear()
-    _SKIPS[id(stmt)] = (stmt, r)
-    return r
-
-
-def _skips_walk(stmt) -> bool:
+def _loop_exits(stmt) -> frozenset:
+    """The ``continue`` / ``break`` statements of the enclosing loop inside ``stmt`` (see FileDryRun.loop_exits)."""
+    found = set()
     todo = list(stmt.children)
-    while todo:
+    while todo and len(found) < 2:
         n = todo.pop()
         tp = type(n)
-        if tp is cst.Continue or tp is cst.Break:
-            return True
-        if tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+        if tp is cst.Continue:
+            found.add("continue")
+        elif tp is cst.Break:
+            found.add("break")
+        elif tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
             continue
         todo.extend(n.children)
-    return False
+    return frozenset(found)
 
 
 def _zero_grad_call(small) -> bool:

@@ -1477,9 +1477,6 @@ class EvalFlow:
                     if it.asname is not None:
                         for n in target_names(it.asname.name):
                             env[n] = False
-        for n in self.backwarded_names(loop):
-            if n in env:
-                env[n] = True
         return env
 
     def backwarded_names(self, loop: cst.CSTNode) -> set:

@@ -14,6 +14,8 @@ epochs and never cleared (every window stays N long), a loop over a ``range`` of
 
 from __future__ import annotations
 
+import libcst as cst
+
 from bertlint.checks import _ga
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -68,8 +70,6 @@ def check(ctx) -> None:
 def _flag_definition(ctx, cond, n_text: str, loop):
     """``(name, value)`` when the step's condition is a flag (``if not is_accumulation_step:``) assigned once in the
     loop's function from an expression that tests N (``global_step % N != 0``)."""
-    import libcst as cst
-
     e = cond
     while isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
         e = e.expression

@@ -261,9 +261,8 @@ def check(ctx) -> None:
             if isinstance(s, cst.Assign):
                 flow._bind([t.target for t in s.targets], s.value, env)
                 for t in s.targets:
-                    for n in target_names(t.target) if isinstance(t.target, cst.Name) else []:
-                        if n in backwarded:
-                            env[n] = True
+                    if isinstance(t.target, cst.Name) and t.target.value in backwarded:
+                        env[t.target.value] = True
             elif isinstance(s, cst.AnnAssign) and s.value is not None:
                 flow._bind([s.target], s.value, env)
             elif isinstance(s, cst.With):
