@@ -3,7 +3,7 @@
     python benchmarks/realworld/check.py                      # list entries whose file / companion is missing or differs
     python benchmarks/realworld/check.py --restore            # re-create them from local mirrors with git show
     python benchmarks/realworld/check.py --restore --mirrors DIR
-    python benchmarks/realworld/check.py --restore --manifest benchmarks/realworld/fresh.json   # one split only
+    python benchmarks/realworld/check.py --restore --manifest benchmarks/realworld/fresh2.json   # one split only
 
 A mirror of ``owner/name`` is the folder ``DIR/owner+name`` (default DIR: /work/.mirror); its git directory is
 found inside it (``repo/.git``, ``repo``, ``.git`` or the folder itself). A file is restored with
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--restore", action="store_true", help="re-create missing / differing files from mirrors")
     ap.add_argument("--mirrors", default="/work/.mirror", help="folder of repository mirrors (owner+name)")
     ap.add_argument("--files", default=FILES, help="corpus files folder (default files/)")
-    ap.add_argument("--manifest", metavar="PATH", help="check only the entries of this JSON file (e.g. fresh.json) "
+    ap.add_argument("--manifest", metavar="PATH", help="check only the entries of this JSON file (e.g. fresh2.json) "
                     "instead of manifest.json + parts/*.json")
     o = ap.parse_args(argv)
 

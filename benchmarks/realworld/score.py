@@ -47,7 +47,7 @@ if ROOT not in sys.path:
 def load_entries(here: str = HERE, manifest: str | None = None) -> tuple[list[dict], list[str]]:
     """(entries, warnings). Each entry gets ``_source`` (the JSON file it came from).
 
-    ``manifest``: read only that JSON file (e.g. the held-out ``fresh.json``) instead of the default
+    ``manifest``: read only that JSON file (e.g. the held-out ``fresh2.json``) instead of the default
     ``manifest.json`` plus every ``parts/*.json``."""
     sources = []
     if manifest is not None:
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only entries with a MISS/FP/EXTRA/problem")
     ap.add_argument("--files", default=FILES, help="folder holding the corpus files (default files/)")
-    ap.add_argument("--manifest", metavar="PATH", help="score only the entries of this JSON file (e.g. fresh.json, "
+    ap.add_argument("--manifest", metavar="PATH", help="score only the entries of this JSON file (e.g. fresh2.json, "
                     "the held-out split) instead of manifest.json + parts/*.json")
     o = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
