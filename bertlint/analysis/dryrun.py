@@ -112,6 +112,21 @@ class DictVal:
         self.slots: dict = {}
 
 
+class ListVal:
+    """A list built in the run; the graph-carrying values appended to it are followed (``losses.append(loss)``,
+    then ``sum(losses).backward()`` or ``torch.stack(losses).mean()``)."""
+
+    __slots__ = ("items",)
+    CAP = 64
+
+    def __init__(self, items=None) -> None:
+        self.items: list = list(items or ())
+
+    def add(self, v) -> None:
+        if len(self.items) < self.CAP:
+            self.items.append(v)
+
+
 class _Split(Exception):
     def __init__(self, key: str) -> None:
         self.key = key
@@ -1736,6 +1751,8 @@ class _Runner:
                     self.ev(el.slice.value, frame)
             if isinstance(base, Tensor):
                 return base
+            if isinstance(base, ListVal):
+                return self._joined(base.items)
             return self._resolved(e, frame)
         if tp is cst.IfExp:
             c = self.truth(e.test, frame)
@@ -1754,8 +1771,9 @@ class _Runner:
                 self.store(d, v, frame)
             return v
         if tp in (cst.Tuple, cst.List):
-            for el in e.elements:
-                self.ev(el.value, frame)
+            vals = [self.ev(el.value, frame) for el in e.elements]
+            if tp is cst.List and not any(isinstance(el, cst.StarredElement) for el in e.elements):
+                return ListVal(v for v in vals if isinstance(v, Tensor))
             return UNK
         if tp is cst.Float:
             return UNK
@@ -1926,6 +1944,18 @@ class _Runner:
             for a in call.args:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
+        if isinstance(base, ListVal):
+            if attr in ("append", "insert") and argv and isinstance(argv[-1], Tensor):
+                base.add(argv[-1])
+            elif attr == "extend" and argv and isinstance(argv[0], ListVal):
+                for v in argv[0].items:
+                    base.add(v)
+            elif attr == "pop":
+                return self._joined(base.items)
+            return UNK
+        if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
+                isinstance(argv[0], ListVal):
+            return self._joined(argv[0].items)  # ``torch.stack(losses).mean()``: the losses' common scale
         if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
                  "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
@@ -2036,6 +2066,8 @@ class _Runner:
                     return Num(min(vals) if nm == "min" else max(vals))
                 if nm == "sum" and argv and isinstance(argv[0], Tensor):
                     return argv[0]
+                if nm == "sum" and argv and isinstance(argv[0], ListVal):
+                    return self._joined(argv[0].items)
                 return Num(None)
             if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
                       "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
@@ -2053,7 +2085,7 @@ class _Runner:
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
                 return t
-            return self._fresh(call)
+            return self._fresh(call, argv)
         if isinstance(func, cst.Attribute):
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
@@ -2074,7 +2106,7 @@ class _Runner:
                         "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
                         "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
                 return UNK
-            return self._fresh(call)
+            return self._fresh(call, argv)
         return UNK
 
     def _ds_config_n(self, scale, frame) -> Optional[str]:
@@ -2114,15 +2146,42 @@ class _Runner:
                 self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
                 return
 
-    def _fresh(self, call) -> Tensor:
+    def _joined(self, items) -> Any:
+        """The values of a list taken together (``sum(losses)``, ``losses[i]``): their common scale (unknown when
+        they differ), and the forward they come from when all of theirs ran with the same gradient sync."""
+        ts = [v for v in items if isinstance(v, Tensor)]
+        if not ts:
+            return UNK
+        scale = ts[0].scale if all(t.scale is not None and t.scale == ts[0].scale for t in ts) else None
+        graphs = [t for t in ts if t.graph]
+        if not graphs:
+            return Tensor(scale, False, None, None)
+        nss = {self.fwd_ns[id(t.node)][0] if t.node is not None and id(t.node) in self.fwd_ns else None
+               for t in graphs}
+        node = graphs[0].node if len(nss) == 1 and None not in nss else None
+        sinces = [t.since for t in graphs]
+        since = None if any(x is None for x in sinces) else min(sinces)
+        return Tensor(scale, True, node, since)
+
+    def _fresh(self, call, argv=()) -> Tensor:
         """The output of a call the trace does not model (a forward, a criterion): a loss of scale 1; whether
-        gradient sync was off when it ran is remembered (DDP decides at forward time)."""
+        gradient sync was off when it ran is remembered (DDP decides at forward time). A call handed graphs whose
+        forwards ran with sync off or unknown (``criterion(logits)`` outside the ``no_sync()`` of the model's
+        forward) leaves that unknown."""
         if self.no_sync:
             ns: Optional[bool] = True
         elif self.grad_sync is None:
             ns = None
         else:
             ns = not self.grad_sync
+        if ns is False:
+            # (only that direction: a tensor made with sync on and handed to a forward inside ``no_sync()`` is
+            # usually the input batch, not a forward)
+            for a in argv:
+                for t in (a.items if isinstance(a, ListVal) else (a,)):
+                    if isinstance(t, Tensor) and t.graph and t.node is not None and id(t.node) in self.fwd_ns \
+                            and self.fwd_ns[id(t.node)][0] is not False:
+                        ns = None
         self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain,
                                  self.site if self.depth else None)
         if self.no_grad:
