@@ -45,6 +45,7 @@ import libcst as cst
 from bertlint import trace as T
 from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
+from bertlint.analysis.walk import assigned_names, names_in, scope_nodes
 
 REPRESENTATIVE_N = 4
 PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
@@ -494,9 +495,7 @@ class ManualStep:
         self.owner = "lightning-manual" if kind == "lightning" else "plain"
         self.index = None
         self.callees: list = []
-        from bertlint.analysis.loops import _assigned_names
-
-        self.assigned = _assigned_names(func)
+        self.assigned = assigned_names(func)
         self._dr = dr
 
     def accum(self):
@@ -2660,15 +2659,11 @@ def _target_names(t) -> list:
 
 
 def _walk(node):
-    from bertlint.analysis.loops import walk
-
-    return walk(node)
+    return scope_nodes(node)
 
 
 def _names(expr) -> list:
-    from bertlint.analysis.loops import _names_in
-
-    return _names_in(expr)
+    return names_in(expr)
 
 
 def _ids_in(node) -> set:
@@ -2676,16 +2671,12 @@ def _ids_in(node) -> set:
 
 
 def _all_nodes(node):
-    from bertlint.analysis.loops import walk
-
-    return walk(node, into_scopes=True)
+    return scope_nodes(node, into_scopes=True)
 
 
 def _assigned(fn) -> set:
-    from bertlint.analysis.loops import _assigned_names
-
     try:
-        return _assigned_names(fn)
+        return assigned_names(fn)
     except Exception:
         return set()
 
