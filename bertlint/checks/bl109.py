@@ -144,7 +144,7 @@ def _own_scaled_backwards(ctx) -> set:
     cached = getattr(ctx, "_bl109_scaled", None)
     if cached is not None:
         return cached
-    from bertlint.analysis.loops import walk
+    from bertlint.analysis.walk import scope_nodes as walk
     import libcst as cst
 
     out: set = set()
