@@ -37,6 +37,7 @@ API::
 from __future__ import annotations
 
 import itertools
+import re
 from fractions import Fraction
 from typing import Any, Optional
 
@@ -46,6 +47,7 @@ from bertlint import trace as T
 from bertlint.analysis import project
 from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
+from bertlint.analysis.walk import assigned_names, names_in, scope_nodes
 
 REPRESENTATIVE_N = 4
 PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
@@ -85,13 +87,22 @@ class Num:
 class Tensor:
     """A value carrying a graph (a loss, an output): its scale relative to the raw loss."""
 
-    __slots__ = ("scale", "graph", "node", "since")
+    __slots__ = ("scale", "graph", "node", "since", "inner")
 
-    def __init__(self, scale: Optional[T.Scale], graph: bool = True, node=None, since: Optional[int] = None) -> None:
+    def __init__(self, scale: Optional[T.Scale], graph: bool = True, node=None, since: Optional[int] = None,
+                 inner=None) -> None:
         self.scale = scale  # None: unknown
         self.graph = graph
         self.node = node
         self.since = since  # the earliest micro-batch whose forward this graph holds (None: not known)
+        # a loop inside the micro-batch (``for batch in window:``) whose iterations' losses this graph sums: the
+        # dry run runs such a loop's body once, so the sum is marked where it is made (``total += loss`` in it)
+        self.inner = inner
+
+
+def _summed_in(v, loop) -> "Tensor":
+    """A copy of the graph ``v`` marked as summed over the iterations of the inner ``loop``."""
+    return Tensor(v.scale, v.graph, v.node, v.since, loop)
 
 
 class _CtxFn:
@@ -111,6 +122,24 @@ class DictVal:
 
     def __init__(self) -> None:
         self.slots: dict = {}
+
+
+class ListVal:
+    """A list built in the run; the graph-carrying values appended to it are followed (``losses.append(loss)``,
+    then ``sum(losses).backward()`` or ``torch.stack(losses).mean()``)."""
+
+    __slots__ = ("items",)
+    CAP = 64
+
+    def __init__(self, items=None) -> None:
+        self.items: list = list(items or ())
+
+    def add(self, v) -> None:
+        if len(self.items) < self.CAP:
+            self.items.append(v)
+
+
+_PIN_RE = re.compile(r"^!when `(\w+)` has its default (-?\d+)$")
 
 
 class _Split(Exception):
@@ -518,9 +547,7 @@ class ManualStep:
         self.owner = "lightning-manual" if kind == "lightning" else "plain"
         self.index = None
         self.callees: list = []
-        from bertlint.analysis.loops import _assigned_names
-
-        self.assigned = _assigned_names(func)
+        self.assigned = assigned_names(func)
         self._dr = dr
 
     def accum(self):
@@ -770,6 +797,9 @@ class _Runner:
         self.n = n
         self.n_text = n_text
         self.config = config
+        # function parameters pinned to their default by the configuration (``enumerate(loader, start=start_step + 1)``
+        # with ``start_step=0``: the run where the caller leaves it, e.g. one not resumed from a checkpoint)
+        self.pinned = {m.group(1): int(m.group(2)) for m in (_PIN_RE.match(k) for k, v in config.items() if v) if m}
         self.micro = loop.window_of if loop.window_of is not None else (window if window is not None else loop.node)
         self.length = (2 * n + 2) if n and n > 1 else 4
         self.trace = T.Trace(n=n, n_text=n_text or "N", config=dict(config), owner=loop.owner,
@@ -811,6 +841,7 @@ class _Runner:
         self.grad_sync: Optional[bool] = True  # DDP's require_backward_grad_sync as the script sets it
         self.fwd_ns: dict = {}  # id(forward call) -> gradient sync was off when it ran
         self.ns_nodes: list = []  # the enclosing no_sync ``with`` statements
+        self.inner_loops: list = []  # the loops inside the micro-batch being run (their bodies run once)
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -1071,8 +1102,8 @@ class _Runner:
         if name == "enumerate" and isinstance(it, cst.Call):
             start_e = positional(it, 1) or kwarg(it, "start")
             start = 0 if start_e is None else self._int(self.ev(start_e, frame))
-            if start is None:
-                start = None
+            if start is None and is_micro:
+                self._pin_default(start_e, frame)
             inner = positional(it, 0)
             self._loader = inner
             if isinstance(tgt, (cst.Tuple, cst.List)) and len(tgt.elements) == 2:
@@ -1101,6 +1132,28 @@ class _Runner:
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _pin_default(self, expr, frame) -> None:
+        """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
+        integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
+        run splits into the configuration where the parameter has its default (a caller that leaves it, or passes
+        that value) and the one where it is unknown."""
+        fn = self.loop.func
+        if fn is None or frame.depth != 0 or len(self.config) >= MAX_SPLITS:
+            return
+        names = {n.value for n in _walk(expr) if type(n) is cst.Name}
+        for prm in list(fn.params.params) + list(fn.params.kwonly_params):
+            nm = prm.name.value
+            if nm not in names or prm.default is None or nm in self.pinned:
+                continue
+            d = self.f.r.int_value(prm.default, None) if not isinstance(prm.default, cst.Integer) else \
+                int(prm.default.value, 0)
+            if not isinstance(d, int) or isinstance(d, bool) or any(
+                    a.func is fn for a in (self.t.assignments_of(nm, fn) or [])):
+                continue
+            key = f"!when `{nm}` has its default {d}"
+            if key not in self.config:
+                raise _Split(key)
 
     def _loader_kind(self, node, frame) -> str:
         """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
@@ -1211,7 +1264,11 @@ class _Runner:
             self.ev(stmt.iter, frame)
             for nm in _target_names(stmt.target):
                 self.store(nm, UNK, frame)
-        sig = self._block(_body(stmt.body), frame)
+        self.inner_loops.append(stmt)
+        try:
+            sig = self._block(_body(stmt.body), frame)
+        finally:
+            self.inner_loops.pop()
         if sig == "return":
             return sig
         return None
@@ -1399,6 +1456,8 @@ class _Runner:
                 v = self.ev(small.value, frame)
                 if type(small.value) is cst.Dict:
                     v = self._dict(small.value, frame)
+                elif self.inner_loops and isinstance(v, Tensor) and v.graph and _self_add(small):
+                    v = _summed_in(v, self.inner_loops[-1])  # ``total = total + loss`` in a loop in the micro-batch
                 for t in small.targets:
                     self._assign(t.target, v, frame)
             elif tp is cst.AnnAssign:
@@ -1484,6 +1543,8 @@ class _Runner:
             return
         new = self._binop(binop, cur, rhs, node.value, node)
         if binop is cst.Add and isinstance(rhs, Tensor) and rhs.graph:
+            if self.inner_loops and isinstance(new, Tensor):
+                new = _summed_in(new, self.inner_loops[-1])  # ``total += loss`` in a loop inside the micro-batch
             self.emit("keep_loss", node, target=d)
         elif binop is cst.Add and self.in_micro and isinstance(rhs, Num) and rhs.v is not None and rhs.v > 0:
             # a hand counter advanced (``global_step += 1``): which micro-batches advance it (BL110)
@@ -1520,6 +1581,8 @@ class _Runner:
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
         func = frame.func
+        if name in self.pinned and frame.depth == 0:
+            return Num(self.pinned[name], text=name)
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
             head = name.rsplit(".", 1)[0]
             if self.dr.role(head, func)[0] == "accelerator":
@@ -1762,6 +1825,8 @@ class _Runner:
                     self.ev(el.slice.value, frame)
             if isinstance(base, Tensor):
                 return base
+            if isinstance(base, ListVal):
+                return self._joined(base.items)
             return self._resolved(e, frame)
         if tp is cst.IfExp:
             c = self.truth(e.test, frame)
@@ -1780,8 +1845,9 @@ class _Runner:
                 self.store(d, v, frame)
             return v
         if tp in (cst.Tuple, cst.List):
-            for el in e.elements:
-                self.ev(el.value, frame)
+            vals = [self.ev(el.value, frame) for el in e.elements]
+            if tp is cst.List and not any(isinstance(el, cst.StarredElement) for el in e.elements):
+                return ListVal(v for v in vals if isinstance(v, Tensor))
             return UNK
         if tp is cst.Float:
             return UNK
@@ -1816,6 +1882,8 @@ class _Runner:
         if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
             self.divisors.add(self.dr.code(right_node))  # a loss (or a value the run could not type) divided by it
         r = self._binop2(op, a, b, right_node, whole)
+        if isinstance(r, Tensor) and r is not a and r is not b and r.inner is None:
+            r.inner = next((x.inner for x in (a, b) if isinstance(x, Tensor) and x.inner is not None), None)
         if isinstance(r, Tensor):
             spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
             if spans:
@@ -1953,6 +2021,18 @@ class _Runner:
             for a in call.args:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
+        if isinstance(base, ListVal):
+            if attr in ("append", "insert") and argv and isinstance(argv[-1], Tensor):
+                base.add(argv[-1])
+            elif attr == "extend" and argv and isinstance(argv[0], ListVal):
+                for v in argv[0].items:
+                    base.add(v)
+            elif attr == "pop":
+                return self._joined(base.items)
+            return UNK
+        if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
+                isinstance(argv[0], ListVal):
+            return self._joined(argv[0].items)  # ``torch.stack(losses).mean()``: the losses' common scale
         if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
                  "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
@@ -2063,6 +2143,8 @@ class _Runner:
                     return Num(min(vals) if nm == "min" else max(vals))
                 if nm == "sum" and argv and isinstance(argv[0], Tensor):
                     return argv[0]
+                if nm == "sum" and argv and isinstance(argv[0], ListVal):
+                    return self._joined(argv[0].items)
                 return Num(None)
             if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
                       "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
@@ -2080,7 +2162,7 @@ class _Runner:
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
                 return t
-            return self._fresh(call)
+            return self._fresh(call, argv)
         if isinstance(func, cst.Attribute):
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
@@ -2101,7 +2183,7 @@ class _Runner:
                         "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
                         "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
                 return UNK
-            return self._fresh(call)
+            return self._fresh(call, argv)
         return UNK
 
     def _ds_config_n(self, scale, frame) -> Optional[str]:
@@ -2141,15 +2223,42 @@ class _Runner:
                 self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
                 return
 
-    def _fresh(self, call) -> Tensor:
+    def _joined(self, items) -> Any:
+        """The values of a list taken together (``sum(losses)``, ``losses[i]``): their common scale (unknown when
+        they differ), and the forward they come from when all of theirs ran with the same gradient sync."""
+        ts = [v for v in items if isinstance(v, Tensor)]
+        if not ts:
+            return UNK
+        scale = ts[0].scale if all(t.scale is not None and t.scale == ts[0].scale for t in ts) else None
+        graphs = [t for t in ts if t.graph]
+        if not graphs:
+            return Tensor(scale, False, None, None)
+        nss = {self.fwd_ns[id(t.node)][0] if t.node is not None and id(t.node) in self.fwd_ns else None
+               for t in graphs}
+        node = graphs[0].node if len(nss) == 1 and None not in nss else None
+        sinces = [t.since for t in graphs]
+        since = None if any(x is None for x in sinces) else min(sinces)
+        return Tensor(scale, True, node, since)
+
+    def _fresh(self, call, argv=()) -> Tensor:
         """The output of a call the trace does not model (a forward, a criterion): a loss of scale 1; whether
-        gradient sync was off when it ran is remembered (DDP decides at forward time)."""
+        gradient sync was off when it ran is remembered (DDP decides at forward time). A call handed graphs whose
+        forwards ran with sync off or unknown (``criterion(logits)`` outside the ``no_sync()`` of the model's
+        forward) leaves that unknown."""
         if self.no_sync:
             ns: Optional[bool] = True
         elif self.grad_sync is None:
             ns = None
         else:
             ns = not self.grad_sync
+        if ns is False:
+            # (only that direction: a tensor made with sync on and handed to a forward inside ``no_sync()`` is
+            # usually the input batch, not a forward)
+            for a in argv:
+                for t in (a.items if isinstance(a, ListVal) else (a,)):
+                    if isinstance(t, Tensor) and t.graph and t.node is not None and id(t.node) in self.fwd_ns \
+                            and self.fwd_ns[id(t.node)][0] is not False:
+                        ns = None
         self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain,
                                  self.site if self.depth else None)
         if self.no_grad:
@@ -2297,7 +2406,12 @@ class _Runner:
         since = v.since if isinstance(v, Tensor) and v.graph else None
         if not self.in_micro and since is not None and since == self.mb - 1:
             since = self.mb  # the forward ran in this iteration, before the backward opened its micro-batch
-        self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
+        summed = v.inner if isinstance(v, Tensor) and v.graph and v.inner is not None and \
+            not any(x is v.inner for x in self.inner_loops) else None  # backward after the loop that summed it
+        self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since,
+                  graph_loop=_loop_header(self.dr, summed) if summed is not None else "")
+        if summed is not None:
+            self.trace.events[-1].meta["graph_loop"] = summed
         self.trace.events[-1].meta["fwd_ctx"] = where
         self.trace.events[-1].meta["fwd_certain"] = fwd_certain  # the forward ran whatever the undecided conditions
         if frame.depth and frame.func is not None:
@@ -2749,16 +2863,30 @@ def _target_names(t) -> list:
     return out
 
 
-def _walk(node):
-    from bertlint.analysis.loops import walk
+def _self_add(small) -> bool:
+    """``x = x + y`` / ``x = y + x`` (one target)."""
+    v = small.value
+    if len(small.targets) != 1 or type(v) is not cst.BinaryOperation or type(v.operator) is not cst.Add:
+        return False
+    d = dotted(small.targets[0].target)
+    return d is not None and (dotted(v.left) == d or dotted(v.right) == d)
 
-    return walk(node)
+
+def _loop_header(dr, node) -> str:
+    """``for batch in window`` / ``while ...`` as written (shortened)."""
+    if isinstance(node, cst.For):
+        return f"for {dr.code(node.target)} in {dr.code(node.iter)}"[:80]
+    if isinstance(node, cst.While):
+        return f"while {dr.code(node.test)}"[:80]
+    return ""
+
+
+def _walk(node):
+    return scope_nodes(node)
 
 
 def _names(expr) -> list:
-    from bertlint.analysis.loops import _names_in
-
-    return _names_in(expr)
+    return names_in(expr)
 
 
 def _ids_in(node) -> set:
@@ -2766,16 +2894,12 @@ def _ids_in(node) -> set:
 
 
 def _all_nodes(node):
-    from bertlint.analysis.loops import walk
-
-    return walk(node, into_scopes=True)
+    return scope_nodes(node, into_scopes=True)
 
 
 def _assigned(fn) -> set:
-    from bertlint.analysis.loops import _assigned_names
-
     try:
-        return _assigned_names(fn)
+        return assigned_names(fn)
     except Exception:
         return set()
 

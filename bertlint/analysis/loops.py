@@ -62,64 +62,11 @@ from bertlint.analysis.symbols import (
 
 LoopNode = Union[cst.For, cst.While]
 
-# ---------------------------------------------------------------------------------------------- fast traversal
-# libcst's visitor machinery costs most of the analysis time; rules only need expression / statement children,
-# so iterate the dataclass fields directly (whitespace, parentheses and punctuation fields skipped).
-import dataclasses as _dc
-
-_SKIP_FIELD = re.compile(r"^(whitespace|lpar|rpar|leading_lines|lines_after|header|footer|comma|semicolon|dot$|"
-                         r"colon|equal|star$|newline|trailing_whitespace|first_line|empty_lines|indent|"
-                         r"asynchronous|operator$|encoding|default_indent|default_newline|has_trailing_newline)")
-_FIELDS: dict = {}
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-_SCOPE_TYPES = frozenset(_SCOPES)
-
-
-def _fields(tp) -> tuple:
-    f = _FIELDS.get(tp)
-    if f is None:
-        f = tuple(x.name for x in _dc.fields(tp) if not _SKIP_FIELD.match(x.name))
-        _FIELDS[tp] = f
-    return f
-
-
-_ISNODE: dict = {}
-
-
-def _isnode(v) -> bool:
-    t = type(v)
-    r = _ISNODE.get(t)
-    if r is None:
-        r = _ISNODE[t] = issubclass(t, cst.CSTNode)
-    return r
-
-
-def iter_children(node: cst.CSTNode):
-    out = []
-    for name in _fields(type(node)):
-        v = getattr(node, name, None)
-        t = type(v)
-        if t is list or t is tuple:
-            for x in v:
-                if _isnode(x):
-                    out.append(x)
-        elif _isnode(v):
-            out.append(v)
-    return out
-
-
-def walk(node: cst.CSTNode, into_scopes: bool = False):
-    """Pre-order nodes under ``node`` (itself included); nested def / class / lambda bodies skipped unless asked."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if not into_scopes and n is not node and type(n) in _SCOPE_TYPES:
-            continue
-        kids = iter_children(n)
-        kids.reverse()
-        stack.extend(kids)
-
+from bertlint.analysis.walk import SCOPE_TYPES as _SCOPE_TYPES
+from bertlint.analysis.walk import assigned_names as _assigned_names
+from bertlint.analysis.walk import children as iter_children
+from bertlint.analysis.walk import names_in as _names_in
+from bertlint.analysis.walk import scope_nodes as walk
 
 # names that denote an accumulation factor
 ACCUM_RE = re.compile(
@@ -1002,28 +949,6 @@ class FileLoops:
         return res
 
 
-def _names_in(expr: cst.CSTNode) -> list[str]:
-    out: list[str] = []
-    stack = [expr]
-    while stack:
-        n = stack.pop()
-        tp = type(n)
-        if tp is cst.Attribute:
-            d = dotted(n)
-            if d:
-                out.append(d)
-                continue
-        elif tp is cst.Name:
-            out.append(n.value)
-            continue
-        elif tp in _SCOPE_TYPES and n is not expr:
-            continue
-        kids = iter_children(n)
-        kids.reverse()
-        stack.extend(kids)
-    return out
-
-
 def backward_style(call: cst.Call, f: FileLoops) -> Optional[str]:
     """How this call runs a backward, or None."""
     func = call.func
@@ -1542,32 +1467,6 @@ def _walk_expr(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if type(n) is cst.Call]
-
-
-def _target_names(t, out: set) -> None:
-    if isinstance(t, (cst.Tuple, cst.List)):
-        for el in t.elements:
-            _target_names(el.value, out)
-    elif isinstance(t, cst.StarredElement):
-        _target_names(t.value, out)
-    else:
-        d = dotted(t)
-        if d:
-            out.add(d)
-
-
-def _assigned_names(loop: LoopNode) -> set[str]:
-    out: set = set()
-    for n in walk(loop, into_scopes=False):
-        tp = type(n)
-        if tp is cst.Assign:
-            for t in n.targets:
-                _target_names(t.target, out)
-        elif tp is cst.AugAssign or tp is cst.AnnAssign or tp is cst.For or tp is cst.NamedExpr:
-            _target_names(n.target, out)
-        elif tp is cst.WithItem and n.asname is not None:
-            _target_names(n.asname.name, out)
-    return out
 
 
 def _stmt_nodes_in(loop: LoopNode) -> list:

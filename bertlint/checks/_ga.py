@@ -1,8 +1,8 @@
 """Helpers shared by the training-loop rules (BL101–BL115, BL201, BL202). Not a rule module (leading underscore).
 
 The loop rules read the dry run (``bertlint/analysis/dryrun.py``: ``violations``, ``treport``, the ``t*`` fix
-helpers) and the set-up facts of ``ctx.loops`` (what the Accelerator configures, schedule lengths and units);
-``report`` is kept for BL113's loop-level report. None re-walks the tree.
+helpers) and the set-up facts of ``ctx.loops`` (what the Accelerator configures, schedule lengths and units).
+None re-walks the tree.
 """
 
 from __future__ import annotations
@@ -114,20 +114,6 @@ def owner_note(ctx, loop: TrainingLoop) -> str:
     if owner == "lightning-manual":
         return f"Lightning manual optimization, {fw(ctx, 'lightning')}"
     return f"hand-written PyTorch loop, {fw(ctx, 'torch')}"
-
-
-def report(ctx, loop: TrainingLoop, node, message: str, **kw):
-    """``ctx.report`` with the loop facts the verifier and ``explain`` can use in ``data``."""
-    data = dict(kw.pop("data", None) or {})
-    try:
-        acc = loop.accum()
-        data.setdefault("n", acc.value if acc is not None else None)
-        data.setdefault("n_text", acc.text if acc is not None else None)
-        data.setdefault("owner", loop.owner)
-        data.setdefault("loop_row", ctx.span(loop.node)[0].row)
-    except Exception:
-        pass
-    return ctx.report(node, message, data=data, **kw)
 
 
 # ---------------------------------------------------------------------------------------------- trace-based rules
