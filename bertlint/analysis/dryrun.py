@@ -37,6 +37,7 @@ API::
 from __future__ import annotations
 
 import itertools
+import re
 from fractions import Fraction
 from typing import Any, Optional
 
@@ -135,6 +136,9 @@ class ListVal:
     def add(self, v) -> None:
         if len(self.items) < self.CAP:
             self.items.append(v)
+
+
+_PIN_RE = re.compile(r"^!when `(\w+)` has its default (-?\d+)$")
 
 
 class _Split(Exception):
@@ -769,6 +773,9 @@ class _Runner:
         self.n = n
         self.n_text = n_text
         self.config = config
+        # function parameters pinned to their default by the configuration (``enumerate(loader, start=start_step + 1)``
+        # with ``start_step=0``: the run where the caller leaves it, e.g. one not resumed from a checkpoint)
+        self.pinned = {m.group(1): int(m.group(2)) for m in (_PIN_RE.match(k) for k, v in config.items() if v) if m}
         self.micro = loop.window_of if loop.window_of is not None else (window if window is not None else loop.node)
         self.length = (2 * n + 2) if n and n > 1 else 4
         self.trace = T.Trace(n=n, n_text=n_text or "N", config=dict(config), owner=loop.owner,
@@ -1069,8 +1076,8 @@ class _Runner:
         if name == "enumerate" and isinstance(it, cst.Call):
             start_e = positional(it, 1) or kwarg(it, "start")
             start = 0 if start_e is None else self._int(self.ev(start_e, frame))
-            if start is None:
-                start = None
+            if start is None and is_micro:
+                self._pin_default(start_e, frame)
             inner = positional(it, 0)
             self._loader = inner
             if isinstance(tgt, (cst.Tuple, cst.List)) and len(tgt.elements) == 2:
@@ -1099,6 +1106,28 @@ class _Runner:
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _pin_default(self, expr, frame) -> None:
+        """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
+        integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
+        run splits into the configuration where the parameter has its default (a caller that leaves it, or passes
+        that value) and the one where it is unknown."""
+        fn = self.loop.func
+        if fn is None or frame.depth != 0 or len(self.config) >= MAX_SPLITS:
+            return
+        names = {n.value for n in _walk(expr) if type(n) is cst.Name}
+        for prm in list(fn.params.params) + list(fn.params.kwonly_params):
+            nm = prm.name.value
+            if nm not in names or prm.default is None or nm in self.pinned:
+                continue
+            d = self.f.r.int_value(prm.default, None) if not isinstance(prm.default, cst.Integer) else \
+                int(prm.default.value, 0)
+            if not isinstance(d, int) or isinstance(d, bool) or any(
+                    a.func is fn for a in (self.t.assignments_of(nm, fn) or [])):
+                continue
+            key = f"!when `{nm}` has its default {d}"
+            if key not in self.config:
+                raise _Split(key)
 
     def _loader_kind(self, node, frame) -> str:
         """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
@@ -1526,6 +1555,8 @@ class _Runner:
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
         func = frame.func
+        if name in self.pinned and frame.depth == 0:
+            return Num(self.pinned[name], text=name)
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
             head = name.rsplit(".", 1)[0]
             if self.dr.role(head, func)[0] == "accelerator":
