@@ -44,6 +44,7 @@ from typing import Any, Optional
 import libcst as cst
 
 from bertlint import trace as T
+from bertlint.analysis import project
 from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 from bertlint.analysis.walk import assigned_names, names_in, scope_nodes
@@ -353,7 +354,15 @@ class FileDryRun:
         k = (recv, id(func))
         v = self._roles.get(k)
         if v is None:
-            v = self._roles[k] = _role(self.f, recv, self.roles, func)
+            info = project.info_of(func) if func is not None else None
+            if info is not None:  # a function of a sibling module (inlined): that module's roles
+                try:
+                    v = _role(self.f, recv, info.roles, func)
+                except Exception:
+                    v = (None, False)
+            else:
+                v = _role(self.f, recv, self.roles, func)
+            self._roles[k] = v
         return v
 
     def item_role(self, node, func) -> tuple:
@@ -400,9 +409,17 @@ class FileDryRun:
             try:
                 v = self.ctx.span(node)[0].row
             except Exception:
-                v = 0
+                hit = self.ctx.__dict__.get("foreign_sites", {}).get(k)
+                v = self.line(hit[1]) if hit is not None and hit[0] is node else 0
             self._lines[k] = v
         return v
+
+    def foreign(self, node, site, fn) -> None:
+        """``node`` (an event of a sibling module's function the run inlined) is reported at ``site``, the call of
+        this file that leads there (``ctx.report`` names the other file and line)."""
+        sites = self.ctx.__dict__.setdefault("foreign_sites", {})
+        if id(node) not in sites:
+            sites[id(node)] = (node, site, project.info_of(fn))
 
 
 def of(ctx) -> FileDryRun:
@@ -444,6 +461,13 @@ def _run_loop(dr: FileDryRun, loop) -> list:
     f = dr.f
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or loop.accum()
+    if acc is None and getattr(loop, "owner", "") in ("accelerate", "accelerate-manual") and \
+            not f.accelerator_calls and f.accelerator_ga is None and not f.accelerator_ga_unknown:
+        sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
+        if sib is not None and sib[1] != "1":
+            from bertlint.analysis.loops import AccumFactor
+
+            acc = AccumFactor(sib[1], sib[0], "accelerator", None)
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -569,7 +593,44 @@ def _manual_steps(dr) -> list:
         out.append(ManualStep(dr, meth, cls))
     out.extend(_ignite_steps(dr))
     out.extend(_counter_methods(dr, {id(m.func) for m in out}))
+    out.extend(_index_param_fns(dr, {id(m.func) for m in out}))
     out.extend(_scaler_step_fns(dr, {id(m.func) for m in out}))
+    return out
+
+
+def _index_param_fns(dr, taken: set) -> list:
+    """Functions (methods) that backpropagate and step an optimizer under a gate on one of their own parameters
+    modulo the accumulation factor (``def step(self, loss, global_step): scaler.scale(loss).backward(); if
+    (global_step + 1) % self.grad_accum == 0: scaler.step(opt)``) and that no loop of this file calls: the caller
+    calls them once per micro-batch and hands in the micro-batch's index. The run calls them with that parameter
+    counting from 0, a configuration the findings state."""
+    out = []
+    f = dr.f
+    called = set()
+    for lp in f:
+        called.update(id(c) for c in lp.callees)
+    stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+    with_bw = {id(func): func for _, func in f.t.backward_calls if func is not None}
+    for fn in with_bw.values():
+        if id(fn) in taken or id(fn) in called or id(fn) in stepping or fn.name.value.startswith("__"):
+            continue
+        params = [p.name.value for p in list(fn.params.params) + list(fn.params.kwonly_params)]
+        idx = None
+        for n in _walk(fn.body):
+            if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo and \
+                    ACCUM_RE.search(dr.code(n.right)):
+                names = [x.value for x in _walk(n.left) if type(x) is cst.Name and x.value in params]
+                if len(names) == 1:
+                    idx = names[0]
+                    break
+        if idx is None or idx in ("self", "cls"):
+            continue
+        cls = f.class_of(fn)
+        if not _steps_somewhere(dr, fn, cls):
+            continue
+        m = ManualStep(dr, fn, cls, "index")
+        m.index = idx
+        out.append(m)
     return out
 
 
@@ -810,6 +871,8 @@ class _Runner:
         self._stmt_node = None
         self._cur_block: list = []
         self.depth = 0
+        self._xfn = None  # the innermost inlined function of a sibling module (bertlint.analysis.project)
+        self._xfns: list = []
         self.in_micro = 0
         self.roles = dr.roles
         self.grad_sync: Optional[bool] = True  # DDP's require_backward_grad_sync as the script sets it
@@ -841,7 +904,7 @@ class _Runner:
             return (self.n if self.n and self.n > 1 else None, ga.text)
         if f.accelerator_calls:
             return (1, "1")
-        return None
+        return _sibling_accelerator_n(self)
 
     # ------------------------------------------------------------------ run
     def run(self) -> T.Trace:
@@ -969,6 +1032,10 @@ class _Runner:
         params = [p.name.value for p in fn.params.params]
         idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
         first = 1 if kind != "ignite" and params and params[0] in ("self", "cls") else 0
+        if kind == "index":
+            # every parameter is the caller's per-call value (``step == self.epoch_len - 1``): it changes between
+            # calls, so a condition on it is a frequency, never a configuration
+            self.loop_names = frozenset(self.loop_names) | frozenset(params[first:])
         self.in_micro += 1
         # a method with its own counter sees no epochs (one run of calls); a function handed the scaler is one update
         # per call (a few calls)
@@ -984,6 +1051,8 @@ class _Runner:
                     frame.locals[nm] = UNK
                 if idx_name:
                     frame.locals[idx_name] = Num(k)
+                if kind == "index":
+                    frame.locals[self.loop.index] = Num(k)
                 if kind == "scaler_fn":
                     # each call is one update of gradients the caller produced through the scaler it hands in
                     self.scaled = self.scaler_on
@@ -996,7 +1065,9 @@ class _Runner:
         self.in_micro -= 1
         self.trace.epochs = epochs
         self.trace.epoch_len = length
-        if kind in ("lightning", "method", "scaler_fn"):
+        if kind == "index":
+            self.trace.driver = f"`{fn.name.value}()` called once per micro-batch with `{self.loop.index}` = 0, 1, 2, …"
+        if kind in ("lightning", "method", "scaler_fn", "index"):
             # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
             # the call: no claim that it never does
             self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()
@@ -1976,7 +2047,8 @@ class _Runner:
         recv_node = func.value if isinstance(func, cst.Attribute) else None
         recv = dotted(recv_node) if recv_node is not None else None
         name = call_name(call) or ""
-        q = self.t.qualname(func) or ""
+        xinfo = project.info_of(frame.func) if self.depth else None
+        q = (xinfo.symbols if xinfo is not None else self.t).qualname(func) or ""
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
@@ -2273,8 +2345,8 @@ class _Runner:
         new = _Frame(fn, cls, frame.depth + 1)
         params = list(fn.params.params)
         if cls is not None and params and params[0].name.value in ("self", "cls") and call is not None and \
-                isinstance(call.func, cst.Attribute):
-            params = params[1:]
+                (isinstance(call.func, cst.Attribute) or fn.name.value == "__call__"):
+            params = params[1:]  # (``scaler(loss, opt)``: an instance called runs its ``__call__``)
         for p, v in zip(params, args):
             new.locals[p.name.value] = v
         allp = list(fn.params.params) + list(fn.params.kwonly_params)
@@ -2293,12 +2365,19 @@ class _Runner:
         if self.depth == 0:
             self.site = call  # the loop body's call that led into the helpers
         self.depth += 1
+        saved_x = self._xfn
+        if project.info_of(fn) is not None:
+            self._xfn = fn
+            self._xfns.append(fn)
         try:
             self._block(_body(fn.body), new)
         finally:
             self.loop_names = saved_names
             self.depth -= 1
             self._stmt_node = saved_stmt
+            if self._xfn is not saved_x:
+                self._xfns.pop()
+            self._xfn = saved_x
         return new.ret if new.ret is not None else UNK
 
     def _prepared_effect(self, recv: Optional[str]) -> tuple[Optional[bool], str]:
@@ -2410,10 +2489,66 @@ class _Runner:
         ev.meta["arms"] = tuple(self.arms)  # the undecided conditions and the side taken (trace.update_on_every_path)
         ev.meta["seq"] = self.store_seq
         ev.meta["in_accumulate"] = bool(self.in_acc)
+        if self._xfn is not None and self.site is not None:
+            # made in a sibling module: reported at the call of this file that leads there
+            for n in [node, self._stmt_node] + ev.meta["conds"]:
+                if n is not None:
+                    fn = next((g for g in reversed(self._xfns) if id(n) in self.dr.inside(g)), None)
+                    if fn is not None:
+                        self.dr.foreign(n, self.site, fn)
         self.trace.events.append(ev)
 
 
 _MODEL_ROLES = ("model", "ddp_model", "lightning_module")
+
+_ACCELERATOR_Q = ("accelerate.Accelerator", "accelerate.accelerator.Accelerator")
+
+
+def _sibling_accelerator_n(r) -> Optional[tuple]:
+    """The accumulation factor of an Accelerator the file gets from a factory in a sibling module of the project
+    (``accelerator = train_util.prepare_accelerator(args)``, ``bertlint.analysis.project``), as
+    ``_Runner._accelerator_n`` gives it; None when not shown (no such factory, ``**kwargs``, a plugin, a file that
+    cannot be read)."""
+    hit = _sibling_acc(r.dr)
+    if hit is None:
+        return None
+    v, text = hit[0], hit[1]
+    if v is not None:
+        return (v, text)
+    if r.n_text and text == r.n_text:
+        return (r.n, text)
+    return (r.n if r.n and r.n > 1 else None, text)
+
+
+def _sibling_acc(dr) -> Optional[tuple]:
+    """(value | None, text, ModuleInfo, Accelerator call) of a sibling-built Accelerator (memoised per file)."""
+    hit = dr.__dict__.get("_sibling_acc", False)
+    if hit is False:
+        hit = None
+        xp = project.for_module(dr.ctx.module)
+        try:
+            got = xp.built_by_factory(_ACCELERATOR_Q, dr.f) if xp is not None else None
+        except Exception:
+            got = None
+        if got is not None:
+            call, binds, info, target, fn = got
+            if dr.f.receiver_kind(target)[0] == "accelerator" or (dr.roles is not None and dr.roles.role(target)
+                                                                  in ("accelerator", None)):
+                if any(a.star for a in call.args) or kwarg(call, "gradient_accumulation_plugin") is not None:
+                    hit = None
+                else:
+                    ga = kwarg(call, "gradient_accumulation_steps")
+                    if ga is None:
+                        hit = (1, "1", info, call)
+                    else:
+                        lit = literal(ga)
+                        text = dr.code(ga)
+                        head = text.split(".")[0]
+                        if head in binds and "(" not in text:
+                            text = binds[head] + text[len(head):]  # the factory's parameter: the caller's argument
+                        hit = (lit if isinstance(lit, int) and not isinstance(lit, bool) else None, text, info, call)
+        dr._sibling_acc = hit
+    return hit
 
 
 def _ddp_fact(dr) -> Optional[tuple]:

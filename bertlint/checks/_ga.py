@@ -82,6 +82,18 @@ def _lambda_length(fn):
     return next(iter(names.values())) if len(names) == 1 else None
 
 
+def _sibling_accelerator(ctx) -> str:
+    """Where the Accelerator is built when a factory of a sibling module builds it (bertlint/analysis/project.py)."""
+    dr = ctx.__dict__.get("_dryrun")
+    hit = dr.__dict__.get("_sibling_acc") if dr is not None else None
+    if not hit:
+        return ""
+    from bertlint.analysis.project import where
+
+    at = where(hit[3], hit[2])
+    return f"; the Accelerator is built in {at}" if at else ""
+
+
 def owner_note(ctx, loop: TrainingLoop) -> str:
     """Who owns accumulation in this loop and the version assumed, for messages."""
     owner = loop.owner
@@ -94,9 +106,9 @@ def owner_note(ctx, loop: TrainingLoop) -> str:
     if owner == "fabric":
         return f"Fabric loop, {fw(ctx, 'lightning')}"
     if owner == "accelerate-manual":
-        return f"accelerate loop without accumulate(), {fw(ctx, 'accelerate')}"
+        return f"accelerate loop without accumulate(), {fw(ctx, 'accelerate')}{_sibling_accelerator(ctx)}"
     if owner == "accelerate":
-        return f"accelerate accumulate(), {fw(ctx, 'accelerate')}"
+        return f"accelerate accumulate(), {fw(ctx, 'accelerate')}{_sibling_accelerator(ctx)}"
     if owner == "deepspeed":
         return f"DeepSpeed engine, {fw(ctx, 'deepspeed')}"
     if owner == "lightning-manual":
@@ -200,8 +212,13 @@ def n_shown_t(tr) -> str:
 
 def trace_note(tr) -> str:
     """How the dry run was made: ``dry run with N = 4 (a representative value for `args.ga`)``."""
+    drv = getattr(tr, "driver", "")
+    if drv:
+        drv = f"; dry run with {drv}"
     if tr.n is None:
-        return ""
+        return drv
+    if drv:
+        return drv + (f", N = {tr.n} standing for `{tr.n_text}`" if tr.n_source == "representative" else "")
     if tr.n_source == "representative":
         return f"; dry run with N = {tr.n} standing for `{tr.n_text}`"
     if tr.n_source == "other":
