@@ -33,7 +33,7 @@ No ScopeProvider / QualifiedNameProvider: they cost several times the parse.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Any, Optional, Union
 
 import libcst as cst
