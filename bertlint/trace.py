@@ -502,13 +502,16 @@ def _merge_adjacent(trace: Trace, vs: list) -> list:
 
 
 def _claimed(trace: Trace, b: Event, opt: str) -> bool:
-    """Another optimizer takes an effective step after ``b`` and before the next backward."""
+    """Another optimizer's step is called after ``b`` and before the next backward, and ``opt``'s is not: the
+    backward fed that optimizer. A call that is a no-op off accelerate's sync step counts too (under
+    ``accumulate()`` a GAN's critic window calls ``discr_optimizer.step()`` on every micro-batch, effective on the
+    last): the micro-batch belongs to the critic's window, not to the generator's."""
     i = trace.events.index(b)
     others = False
     for e in trace.events[i + 1:]:
         if e.kind == "backward":
             break
-        if e.kind == "step" and e.effective is True:
+        if e.kind == "step":
             if e.opt == opt:
                 return False  # stepped together with the others: the backward fed them all
             others = True

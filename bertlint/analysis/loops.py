@@ -813,21 +813,33 @@ class FileLoops:
 
     # ------------------------------------------------------------------ functions reachable from a call
     def callee(self, call: cst.Call, func: Optional[cst.FunctionDef], cls: Optional[cst.ClassDef]):
-        """The same-file function a call runs, or None (never guess between several)."""
+        """The same-file function a call runs, or None (never guess between several); then a function of the
+        project's own sibling modules (``bertlint.analysis.project``: imported, or the ``__call__`` / method of an
+        instance of an imported class, or a method inherited from a sibling's class)."""
+        xp = self.__dict__.get("xp", False)
+        if xp is False:
+            from bertlint.analysis import project
+
+            xp = self.xp = project.for_module(self.module)
+        if xp is not None and xp.foreign_call(call):
+            return xp.callee(call, func, cls, self)
         f = call.func
         if isinstance(f, cst.Name):
             defs = self.c.module_funcs.get(f.value, [])
             if len(defs) == 1:
                 return defs[0]
-            return None
-        if (
+            if defs:
+                return None
+        elif (
             isinstance(f, cst.Attribute)
             and isinstance(f.value, cst.Name)
             and f.value.value == "self"
             and cls is not None
         ):
-            return self.c.class_methods.get(cls.name.value, {}).get(f.attr.value)
-        return None
+            m = self.c.class_methods.get(cls.name.value, {}).get(f.attr.value)
+            if m is not None:
+                return m
+        return xp.callee(call, func, cls, self) if xp is not None else None
 
     _RELEVANT_ATTRS = frozenset({
         "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
@@ -874,13 +886,16 @@ class FileLoops:
     def class_of(self, func: Optional[cst.FunctionDef]) -> Optional[cst.ClassDef]:
         if func is None:
             return None
-        return self.c.method_class.get(id(func))
+        c = self.c.method_class.get(id(func))
+        if c is None and self.__dict__.get("xp"):
+            c = self.xp.class_of(func)  # a method of a sibling module's class
+        return c
 
     # ------------------------------------------------------------------ loops
     def _build_loops(self) -> None:
         found: list[tuple[LoopNode, Optional[cst.FunctionDef], Optional[cst.ClassDef], list[LoopNode]]] = []
         for node, func, cls, outer in self.c.loops:
-            if self._has_backward(node.body, cls, 0, set()):
+            if self._has_backward(node.body, cls, 0, set(), func):
                 found.append((node, func, cls, outer))
         with_bw_ids = {id(n) for n, *_ in found}
         for node, func, cls, outer in found:
@@ -912,7 +927,7 @@ class FileLoops:
             return None
         return w
 
-    def _has_backward(self, node: cst.CSTNode, cls, depth: int, seen: set) -> bool:
+    def _has_backward(self, node: cst.CSTNode, cls, depth: int, seen: set, func=None) -> bool:
         key = id(node)
         if key in self._backward_memo:
             return self._backward_memo[key]
@@ -924,10 +939,10 @@ class FileLoops:
                 break
         if not res and depth < 3:
             for call in calls:
-                fn = self.callee(call, None, cls)
+                fn = self.callee(call, func, cls)
                 if fn is not None and id(fn) not in seen:
                     seen.add(id(fn))
-                    if self._has_backward(fn.body, self.class_of(fn) or cls, depth + 1, seen):
+                    if self._has_backward(fn.body, self.class_of(fn) or cls, depth + 1, seen, fn):
                         res = True
                         break
         self._backward_memo[key] = res
@@ -1459,4 +1474,7 @@ def _stmt_nodes_in(loop: LoopNode) -> list:
 
 
 def build(ctx) -> FileLoops:
+    from bertlint.analysis import project
+
+    project.of(ctx)  # FileLoops.callee follows calls into the project's own sibling modules
     return FileLoops(ctx.module, ctx.symbols, ctx.resolver)

@@ -82,6 +82,18 @@ def _lambda_length(fn):
     return next(iter(names.values())) if len(names) == 1 else None
 
 
+def _sibling_accelerator(ctx) -> str:
+    """Where the Accelerator is built when a factory of a sibling module builds it (bertlint/analysis/project.py)."""
+    dr = ctx.__dict__.get("_dryrun")
+    hit = dr.__dict__.get("_sibling_acc") if dr is not None else None
+    if not hit:
+        return ""
+    from bertlint.analysis.project import where
+
+    at = where(hit[3], hit[2])
+    return f"; the Accelerator is built in {at}" if at else ""
+
+
 def owner_note(ctx, loop: TrainingLoop) -> str:
     """Who owns accumulation in this loop and the version assumed, for messages."""
     owner = loop.owner
@@ -94,9 +106,9 @@ def owner_note(ctx, loop: TrainingLoop) -> str:
     if owner == "fabric":
         return f"Fabric loop, {fw(ctx, 'lightning')}"
     if owner == "accelerate-manual":
-        return f"accelerate loop without accumulate(), {fw(ctx, 'accelerate')}"
+        return f"accelerate loop without accumulate(), {fw(ctx, 'accelerate')}{_sibling_accelerator(ctx)}"
     if owner == "accelerate":
-        return f"accelerate accumulate(), {fw(ctx, 'accelerate')}"
+        return f"accelerate accumulate(), {fw(ctx, 'accelerate')}{_sibling_accelerator(ctx)}"
     if owner == "deepspeed":
         return f"DeepSpeed engine, {fw(ctx, 'deepspeed')}"
     if owner == "lightning-manual":
