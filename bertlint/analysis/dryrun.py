@@ -165,10 +165,11 @@ _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_ligh
 
 
 class LoopRun:
-    def __init__(self, loop, traces: list, dr=None) -> None:
+    def __init__(self, loop, traces: list, dr=None, factor=None) -> None:
         self.loop = loop
         self.traces = traces
         self.dr = dr
+        self.factor = factor  # the accumulation factor found before the run (AccumFactor: text, value, source)
 
     def dr_fill(self, v, tr) -> None:
         """Source lines are looked up only for what is reported (positions cost as much as a parse)."""
@@ -234,7 +235,8 @@ class FileDryRun:
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
-                self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
+                traces, factor = _run_loop(self, loop)
+                self.runs.append(LoopRun(loop, traces, self, factor))
             except RecursionError:
                 self.runs.append(LoopRun(loop, [], self))
 
@@ -457,7 +459,8 @@ def _backward_style(f, call: cst.Call) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def _run_loop(dr: FileDryRun, loop) -> list:
+def _run_loop(dr: FileDryRun, loop) -> tuple:
+    """(traces, the accumulation factor found before the run or None)."""
     f = dr.f
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or loop.accum()
@@ -522,7 +525,7 @@ def _run_loop(dr: FileDryRun, loop) -> list:
                 tr.config = {**tr.config}
             traces.append(tr)
             done += 1
-    return traces
+    return traces, acc
 
 
 class ManualStep:
