@@ -419,3 +419,11 @@ def stop_recording(target: str) -> list:
             continue
         out.append([ap, *_stat(ap)])
     return out
+
+
+def note_dependency(path: str) -> None:
+    """A file the analysis read on purpose (a sibling module of the project, ``bertlint.analysis.project``):
+    recorded while a lint is recorded, whether or not this process had it parsed already (then no ``open`` is
+    seen) and whatever folder it lies in (the audit hook skips ``.py`` files on ``sys.path``)."""
+    if _RECORD is not None:
+        _RECORD.add(path)

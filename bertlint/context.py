@@ -134,6 +134,18 @@ class FileContext:
         data: Optional[dict] = None,
         code: Optional[str] = None,
     ) -> Diagnostic:
+        sites = self.__dict__.get("foreign_sites")
+        hit = sites.get(id(node)) if sites else None
+        if hit is not None and hit[0] is node:
+            # a node of a sibling module the dry run inlined (bertlint/analysis/project.py): anchored at the call
+            # of this file that leads there, the message names the other file and line
+            from bertlint.analysis.project import where as _where
+
+            where = _where(node, hit[2])
+            node = hit[1]
+            if where and where not in message:
+                message = f"{message.rstrip()} (in {where}, reached from the call on this line)"
+            fix = None
         start, end = self.span(node)
         return _emit(self, start, end, message, fix, severity, data, code)
 

@@ -156,6 +156,7 @@ class Event:
     in_no_sync: bool = False
     fwd_no_sync: Optional[bool] = None  # backward: its loss's forward ran with gradient sync off (DDP decides there)
     graph_from: Optional[int] = None  # backward: the earliest micro-batch whose forward its graph holds
+    graph_loop: str = ""  # backward: the loop (as written) each of whose iterations added its loss to this graph
     value: Any = None  # counter value
     text: str = ""  # the call as written
     mb: int = -1  # micro-batch (0-based) the event happened in; -1 before the first
@@ -239,6 +240,7 @@ class Trace:
     epochs_from: str = ""  # "loop" (an epoch loop), "call" (the loop's function, once per epoch), "once" (no epochs)
     sites: dict = field(default_factory=dict)  # the producer's nodes by role ("accumulate": the accumulate() calls)
     undecided_skip: bool = False  # a ``continue`` / ``break`` under a condition the run could not decide
+    driver: str = ""  # how the run called a function some caller outside the file drives ("`step()` called ...")
     after_loop: bool = False  # the statements after the loop ran at each epoch's end (the loop's function is one epoch)
 
     # ---------------------------------------------------------------- queries
@@ -501,13 +503,16 @@ def _merge_adjacent(trace: Trace, vs: list) -> list:
 
 
 def _claimed(trace: Trace, b: Event, opt: str) -> bool:
-    """Another optimizer takes an effective step after ``b`` and before the next backward."""
+    """Another optimizer's step is called after ``b`` and before the next backward, and ``opt``'s is not: the
+    backward fed that optimizer. A call that is a no-op off accelerate's sync step counts too (under
+    ``accumulate()`` a GAN's critic window calls ``discr_optimizer.step()`` on every micro-batch, effective on the
+    last): the micro-batch belongs to the critic's window, not to the generator's."""
     i = trace.events.index(b)
     others = False
     for e in trace.events[i + 1:]:
         if e.kind == "backward":
             break
-        if e.kind == "step" and e.effective is True:
+        if e.kind == "step":
             if e.opt == opt:
                 return False  # stepped together with the others: the backward fed them all
             others = True
@@ -807,6 +812,11 @@ def backward_each_micro_batch(trace: Trace) -> list:
                    f"the {ordinal(k)} → the activations of all {k} micro-batches are alive at once (the peak of one "
                    f"{k}× larger batch)")
             out.append(Violation("BL113", b, msg, {"span": k}))
+        elif b.certain and b.graph_loop:
+            msg = (f"every iteration of `{b.graph_loop}` adds its loss with its graph, one backward after the loop → "
+                   f"the activations of all its iterations are alive at once (the peak of one batch as large as all of "
+                   f"them)")
+            out.append(Violation("BL113", b, msg, {"span": None, "loop": b.graph_loop}))
     return _first_unique(out)
 
 

@@ -6,6 +6,7 @@ import textwrap
 
 import libcst as cst
 
+from bertlint import trace as T
 from bertlint.analysis import dryrun
 from bertlint.context import FileContext
 
@@ -337,3 +338,37 @@ def test_undecided_if_keeps_a_value_both_arms_leave_alike():
             opt.zero_grad()
     """)
     assert all(b.scale is not None and b.scale.n_power == -1 for b in run.main.of("backward"))
+
+
+def test_sum_over_an_inner_loop_marks_the_backward_after_it():
+    # the window shape: the inner loop's body runs once in the dry run, so the sum made in it carries the loop
+    src = """
+    import torch
+    opt = torch.optim.AdamW(model.parameters())
+    for window in windows:
+        total = 0
+        for batch in window:
+            total = total + model(**batch).loss
+        (total / len(window)).backward()
+        opt.step()
+        opt.zero_grad()
+    """
+    (run,) = runs(src)
+    (bw,) = {b.line: b for b in run.main.of("backward")}.values()
+    assert bw.graph_loop == "for batch in window"
+    assert [v.data.get("loop") for v in T.check(run.main, "BL113")] == ["for batch in window"]
+    # the backward inside the inner loop frees each iteration's graph: nothing marked
+    (run,) = runs("""
+    import torch
+    opt = torch.optim.AdamW(model.parameters())
+    for window in windows:
+        for batch in window:
+            loss = model(**batch).loss
+            (loss / len(window)).backward()
+        opt.step()
+        opt.zero_grad()
+    """)
+    assert all(not b.graph_loop for b in run.main.of("backward")) and not T.check(run.main, "BL113")
+    # a float running total (``.item()``) carries no graph
+    (run,) = runs(src.replace("model(**batch).loss\n", "model(**batch).loss.item()\n"))
+    assert all(not b.graph_loop for b in run.main.of("backward"))

@@ -181,5 +181,28 @@ def test_git_source_install_at_a_release_tag_pins_that_release(tmp_path):
         "git+https://github.com/huggingface/accelerate@main\n")
     vs = _resolve(root / "train.py", use_installed=False)
     assert (vs.transformers.text, vs.transformers.source) == ("4.28.1", "pinned in requirements.txt:2")
-    # a branch says nothing about the release: not read as a pin
-    assert vs.accelerate.source == "assumed current release"
+    # a branch pins a source install but says nothing about the release: a pin of unknown release, on which no
+    # version comparison is decided (both at_least and below are False) and nothing is an error
+    acc = vs.accelerate
+    assert acc.known is False and acc.assumed
+    assert "requirements.txt:3" in acc.source and "`main`" in acc.source
+    assert not acc.at_least("0.1.0") and not acc.below("999.0.0")
+    assert "unknown release" in acc.describe()
+
+
+def test_removed_trainer_keyword_is_silent_on_a_source_commit_pin(tmp_path):
+    """BL407 rests on the targeted release; a project that installs transformers from a commit does not say which
+    release it runs, so `Trainer(tokenizer=...)` is not reported there (it is, as a warning, with no pin at all)."""
+    from bertlint.api import lint_path
+
+    root = _repo(tmp_path)
+    (root / "train.py").write_text(
+        "from transformers import Trainer, TrainingArguments\n"
+        "args = TrainingArguments(output_dir='o')\n"
+        "trainer = Trainer(model=model, args=args, tokenizer=tok)\n")
+    no_pin = [f.code for f in lint_path(str(root / "train.py"))]
+    (root / "requirements.txt").write_text(
+        "git+https://github.com/huggingface/transformers@a6e6b1c622d8d08e2510a82cb6266d7b654f1cbf\n")
+    pinned = [f.code for f in lint_path(str(root / "train.py"))]
+    assert "BL407" in no_pin
+    assert "BL407" not in pinned

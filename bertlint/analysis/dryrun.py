@@ -37,14 +37,17 @@ API::
 from __future__ import annotations
 
 import itertools
+import re
 from fractions import Fraction
 from typing import Any, Optional
 
 import libcst as cst
 
 from bertlint import trace as T
+from bertlint.analysis import project
 from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
+from bertlint.analysis.walk import assigned_names, names_in, scope_nodes
 
 REPRESENTATIVE_N = 4
 PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
@@ -84,13 +87,22 @@ class Num:
 class Tensor:
     """A value carrying a graph (a loss, an output): its scale relative to the raw loss."""
 
-    __slots__ = ("scale", "graph", "node", "since")
+    __slots__ = ("scale", "graph", "node", "since", "inner")
 
-    def __init__(self, scale: Optional[T.Scale], graph: bool = True, node=None, since: Optional[int] = None) -> None:
+    def __init__(self, scale: Optional[T.Scale], graph: bool = True, node=None, since: Optional[int] = None,
+                 inner=None) -> None:
         self.scale = scale  # None: unknown
         self.graph = graph
         self.node = node
         self.since = since  # the earliest micro-batch whose forward this graph holds (None: not known)
+        # a loop inside the micro-batch (``for batch in window:``) whose iterations' losses this graph sums: the
+        # dry run runs such a loop's body once, so the sum is marked where it is made (``total += loss`` in it)
+        self.inner = inner
+
+
+def _summed_in(v, loop) -> "Tensor":
+    """A copy of the graph ``v`` marked as summed over the iterations of the inner ``loop``."""
+    return Tensor(v.scale, v.graph, v.node, v.since, loop)
 
 
 class _CtxFn:
@@ -110,6 +122,24 @@ class DictVal:
 
     def __init__(self) -> None:
         self.slots: dict = {}
+
+
+class ListVal:
+    """A list built in the run; the graph-carrying values appended to it are followed (``losses.append(loss)``,
+    then ``sum(losses).backward()`` or ``torch.stack(losses).mean()``)."""
+
+    __slots__ = ("items",)
+    CAP = 64
+
+    def __init__(self, items=None) -> None:
+        self.items: list = list(items or ())
+
+    def add(self, v) -> None:
+        if len(self.items) < self.CAP:
+            self.items.append(v)
+
+
+_PIN_RE = re.compile(r"^!when `(\w+)` has its default (-?\d+)$")
 
 
 class _Split(Exception):
@@ -135,10 +165,11 @@ _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_ligh
 
 
 class LoopRun:
-    def __init__(self, loop, traces: list, dr=None) -> None:
+    def __init__(self, loop, traces: list, dr=None, factor=None) -> None:
         self.loop = loop
         self.traces = traces
         self.dr = dr
+        self.factor = factor  # the accumulation factor found before the run (AccumFactor: text, value, source)
 
     def dr_fill(self, v, tr) -> None:
         """Source lines are looked up only for what is reported (positions cost as much as a parse)."""
@@ -204,7 +235,8 @@ class FileDryRun:
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
-                self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
+                traces, factor = _run_loop(self, loop)
+                self.runs.append(LoopRun(loop, traces, self, factor))
             except RecursionError:
                 self.runs.append(LoopRun(loop, [], self))
 
@@ -324,7 +356,15 @@ class FileDryRun:
         k = (recv, id(func))
         v = self._roles.get(k)
         if v is None:
-            v = self._roles[k] = _role(self.f, recv, self.roles, func)
+            info = project.info_of(func) if func is not None else None
+            if info is not None:  # a function of a sibling module (inlined): that module's roles
+                try:
+                    v = _role(self.f, recv, info.roles, func)
+                except Exception:
+                    v = (None, False)
+            else:
+                v = _role(self.f, recv, self.roles, func)
+            self._roles[k] = v
         return v
 
     def item_role(self, node, func) -> tuple:
@@ -371,9 +411,17 @@ class FileDryRun:
             try:
                 v = self.ctx.span(node)[0].row
             except Exception:
-                v = 0
+                hit = self.ctx.__dict__.get("foreign_sites", {}).get(k)
+                v = self.line(hit[1]) if hit is not None and hit[0] is node else 0
             self._lines[k] = v
         return v
+
+    def foreign(self, node, site, fn) -> None:
+        """``node`` (an event of a sibling module's function the run inlined) is reported at ``site``, the call of
+        this file that leads there (``ctx.report`` names the other file and line)."""
+        sites = self.ctx.__dict__.setdefault("foreign_sites", {})
+        if id(node) not in sites:
+            sites[id(node)] = (node, site, project.info_of(fn))
 
 
 def of(ctx) -> FileDryRun:
@@ -411,10 +459,18 @@ def _backward_style(f, call: cst.Call) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def _run_loop(dr: FileDryRun, loop) -> list:
+def _run_loop(dr: FileDryRun, loop) -> tuple:
+    """(traces, the accumulation factor found before the run or None)."""
     f = dr.f
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or loop.accum()
+    if acc is None and getattr(loop, "owner", "") in ("accelerate", "accelerate-manual") and \
+            not f.accelerator_calls and f.accelerator_ga is None and not f.accelerator_ga_unknown:
+        sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
+        if sib is not None and sib[1] != "1":
+            from bertlint.analysis.loops import AccumFactor
+
+            acc = AccumFactor(sib[1], sib[0], "accelerator", None)
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -469,7 +525,7 @@ def _run_loop(dr: FileDryRun, loop) -> list:
                 tr.config = {**tr.config}
             traces.append(tr)
             done += 1
-    return traces
+    return traces, acc
 
 
 class ManualStep:
@@ -494,9 +550,7 @@ class ManualStep:
         self.owner = "lightning-manual" if kind == "lightning" else "plain"
         self.index = None
         self.callees: list = []
-        from bertlint.analysis.loops import _assigned_names
-
-        self.assigned = _assigned_names(func)
+        self.assigned = assigned_names(func)
         self._dr = dr
 
     def accum(self):
@@ -542,7 +596,44 @@ def _manual_steps(dr) -> list:
         out.append(ManualStep(dr, meth, cls))
     out.extend(_ignite_steps(dr))
     out.extend(_counter_methods(dr, {id(m.func) for m in out}))
+    out.extend(_index_param_fns(dr, {id(m.func) for m in out}))
     out.extend(_scaler_step_fns(dr, {id(m.func) for m in out}))
+    return out
+
+
+def _index_param_fns(dr, taken: set) -> list:
+    """Functions (methods) that backpropagate and step an optimizer under a gate on one of their own parameters
+    modulo the accumulation factor (``def step(self, loss, global_step): scaler.scale(loss).backward(); if
+    (global_step + 1) % self.grad_accum == 0: scaler.step(opt)``) and that no loop of this file calls: the caller
+    calls them once per micro-batch and hands in the micro-batch's index. The run calls them with that parameter
+    counting from 0, a configuration the findings state."""
+    out = []
+    f = dr.f
+    called = set()
+    for lp in f:
+        called.update(id(c) for c in lp.callees)
+    stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+    with_bw = {id(func): func for _, func in f.t.backward_calls if func is not None}
+    for fn in with_bw.values():
+        if id(fn) in taken or id(fn) in called or id(fn) in stepping or fn.name.value.startswith("__"):
+            continue
+        params = [p.name.value for p in list(fn.params.params) + list(fn.params.kwonly_params)]
+        idx = None
+        for n in _walk(fn.body):
+            if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo and \
+                    ACCUM_RE.search(dr.code(n.right)):
+                names = [x.value for x in _walk(n.left) if type(x) is cst.Name and x.value in params]
+                if len(names) == 1:
+                    idx = names[0]
+                    break
+        if idx is None or idx in ("self", "cls"):
+            continue
+        cls = f.class_of(fn)
+        if not _steps_somewhere(dr, fn, cls):
+            continue
+        m = ManualStep(dr, fn, cls, "index")
+        m.index = idx
+        out.append(m)
     return out
 
 
@@ -746,6 +837,9 @@ class _Runner:
         self.n = n
         self.n_text = n_text
         self.config = config
+        # function parameters pinned to their default by the configuration (``enumerate(loader, start=start_step + 1)``
+        # with ``start_step=0``: the run where the caller leaves it, e.g. one not resumed from a checkpoint)
+        self.pinned = {m.group(1): int(m.group(2)) for m in (_PIN_RE.match(k) for k, v in config.items() if v) if m}
         self.micro = loop.window_of if loop.window_of is not None else (window if window is not None else loop.node)
         self.length = (2 * n + 2) if n and n > 1 else 4
         self.trace = T.Trace(n=n, n_text=n_text or "N", config=dict(config), owner=loop.owner,
@@ -780,11 +874,14 @@ class _Runner:
         self._stmt_node = None
         self._cur_block: list = []
         self.depth = 0
+        self._xfn = None  # the innermost inlined function of a sibling module (bertlint.analysis.project)
+        self._xfns: list = []
         self.in_micro = 0
         self.roles = dr.roles
         self.grad_sync: Optional[bool] = True  # DDP's require_backward_grad_sync as the script sets it
         self.fwd_ns: dict = {}  # id(forward call) -> gradient sync was off when it ran
         self.ns_nodes: list = []  # the enclosing no_sync ``with`` statements
+        self.inner_loops: list = []  # the loops inside the micro-batch being run (their bodies run once)
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -810,7 +907,7 @@ class _Runner:
             return (self.n if self.n and self.n > 1 else None, ga.text)
         if f.accelerator_calls:
             return (1, "1")
-        return None
+        return _sibling_accelerator_n(self)
 
     # ------------------------------------------------------------------ run
     def run(self) -> T.Trace:
@@ -938,6 +1035,10 @@ class _Runner:
         params = [p.name.value for p in fn.params.params]
         idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
         first = 1 if kind != "ignite" and params and params[0] in ("self", "cls") else 0
+        if kind == "index":
+            # every parameter is the caller's per-call value (``step == self.epoch_len - 1``): it changes between
+            # calls, so a condition on it is a frequency, never a configuration
+            self.loop_names = frozenset(self.loop_names) | frozenset(params[first:])
         self.in_micro += 1
         # a method with its own counter sees no epochs (one run of calls); a function handed the scaler is one update
         # per call (a few calls)
@@ -953,6 +1054,8 @@ class _Runner:
                     frame.locals[nm] = UNK
                 if idx_name:
                     frame.locals[idx_name] = Num(k)
+                if kind == "index":
+                    frame.locals[self.loop.index] = Num(k)
                 if kind == "scaler_fn":
                     # each call is one update of gradients the caller produced through the scaler it hands in
                     self.scaled = self.scaler_on
@@ -965,7 +1068,9 @@ class _Runner:
         self.in_micro -= 1
         self.trace.epochs = epochs
         self.trace.epoch_len = length
-        if kind in ("lightning", "method", "scaler_fn"):
+        if kind == "index":
+            self.trace.driver = f"`{fn.name.value}()` called once per micro-batch with `{self.loop.index}` = 0, 1, 2, …"
+        if kind in ("lightning", "method", "scaler_fn", "index"):
             # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
             # the call: no claim that it never does
             self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()
@@ -1045,8 +1150,8 @@ class _Runner:
         if name == "enumerate" and isinstance(it, cst.Call):
             start_e = positional(it, 1) or kwarg(it, "start")
             start = 0 if start_e is None else self._int(self.ev(start_e, frame))
-            if start is None:
-                start = None
+            if start is None and is_micro:
+                self._pin_default(start_e, frame)
             inner = positional(it, 0)
             self._loader = inner
             if isinstance(tgt, (cst.Tuple, cst.List)) and len(tgt.elements) == 2:
@@ -1075,6 +1180,28 @@ class _Runner:
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _pin_default(self, expr, frame) -> None:
+        """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
+        integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
+        run splits into the configuration where the parameter has its default (a caller that leaves it, or passes
+        that value) and the one where it is unknown."""
+        fn = self.loop.func
+        if fn is None or frame.depth != 0 or len(self.config) >= MAX_SPLITS:
+            return
+        names = {n.value for n in _walk(expr) if type(n) is cst.Name}
+        for prm in list(fn.params.params) + list(fn.params.kwonly_params):
+            nm = prm.name.value
+            if nm not in names or prm.default is None or nm in self.pinned:
+                continue
+            d = self.f.r.int_value(prm.default, None) if not isinstance(prm.default, cst.Integer) else \
+                int(prm.default.value, 0)
+            if not isinstance(d, int) or isinstance(d, bool) or any(
+                    a.func is fn for a in (self.t.assignments_of(nm, fn) or [])):
+                continue
+            key = f"!when `{nm}` has its default {d}"
+            if key not in self.config:
+                raise _Split(key)
 
     def _loader_kind(self, node, frame) -> str:
         """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
@@ -1185,7 +1312,11 @@ class _Runner:
             self.ev(stmt.iter, frame)
             for nm in _target_names(stmt.target):
                 self.store(nm, UNK, frame)
-        sig = self._block(_body(stmt.body), frame)
+        self.inner_loops.append(stmt)
+        try:
+            sig = self._block(_body(stmt.body), frame)
+        finally:
+            self.inner_loops.pop()
         if sig == "return":
             return sig
         return None
@@ -1373,6 +1504,8 @@ class _Runner:
                 v = self.ev(small.value, frame)
                 if type(small.value) is cst.Dict:
                     v = self._dict(small.value, frame)
+                elif self.inner_loops and isinstance(v, Tensor) and v.graph and _self_add(small):
+                    v = _summed_in(v, self.inner_loops[-1])  # ``total = total + loss`` in a loop in the micro-batch
                 for t in small.targets:
                     self._assign(t.target, v, frame)
             elif tp is cst.AnnAssign:
@@ -1458,6 +1591,8 @@ class _Runner:
             return
         new = self._binop(binop, cur, rhs, node.value, node)
         if binop is cst.Add and isinstance(rhs, Tensor) and rhs.graph:
+            if self.inner_loops and isinstance(new, Tensor):
+                new = _summed_in(new, self.inner_loops[-1])  # ``total += loss`` in a loop inside the micro-batch
             self.emit("keep_loss", node, target=d)
         elif binop is cst.Add and self.in_micro and isinstance(rhs, Num) and rhs.v is not None and rhs.v > 0:
             # a hand counter advanced (``global_step += 1``): which micro-batches advance it (BL110)
@@ -1494,6 +1629,8 @@ class _Runner:
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
         func = frame.func
+        if name in self.pinned and frame.depth == 0:
+            return Num(self.pinned[name], text=name)
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
             head = name.rsplit(".", 1)[0]
             if self.dr.role(head, func)[0] == "accelerator":
@@ -1736,6 +1873,8 @@ class _Runner:
                     self.ev(el.slice.value, frame)
             if isinstance(base, Tensor):
                 return base
+            if isinstance(base, ListVal):
+                return self._joined(base.items)
             return self._resolved(e, frame)
         if tp is cst.IfExp:
             c = self.truth(e.test, frame)
@@ -1754,8 +1893,9 @@ class _Runner:
                 self.store(d, v, frame)
             return v
         if tp in (cst.Tuple, cst.List):
-            for el in e.elements:
-                self.ev(el.value, frame)
+            vals = [self.ev(el.value, frame) for el in e.elements]
+            if tp is cst.List and not any(isinstance(el, cst.StarredElement) for el in e.elements):
+                return ListVal(v for v in vals if isinstance(v, Tensor))
             return UNK
         if tp is cst.Float:
             return UNK
@@ -1790,6 +1930,8 @@ class _Runner:
         if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
             self.divisors.add(self.dr.code(right_node))  # a loss (or a value the run could not type) divided by it
         r = self._binop2(op, a, b, right_node, whole)
+        if isinstance(r, Tensor) and r is not a and r is not b and r.inner is None:
+            r.inner = next((x.inner for x in (a, b) if isinstance(x, Tensor) and x.inner is not None), None)
         if isinstance(r, Tensor):
             spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
             if spans:
@@ -1908,7 +2050,8 @@ class _Runner:
         recv_node = func.value if isinstance(func, cst.Attribute) else None
         recv = dotted(recv_node) if recv_node is not None else None
         name = call_name(call) or ""
-        q = self.t.qualname(func) or ""
+        xinfo = project.info_of(frame.func) if self.depth else None
+        q = (xinfo.symbols if xinfo is not None else self.t).qualname(func) or ""
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
@@ -1926,6 +2069,18 @@ class _Runner:
             for a in call.args:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
+        if isinstance(base, ListVal):
+            if attr in ("append", "insert") and argv and isinstance(argv[-1], Tensor):
+                base.add(argv[-1])
+            elif attr == "extend" and argv and isinstance(argv[0], ListVal):
+                for v in argv[0].items:
+                    base.add(v)
+            elif attr == "pop":
+                return self._joined(base.items)
+            return UNK
+        if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
+                isinstance(argv[0], ListVal):
+            return self._joined(argv[0].items)  # ``torch.stack(losses).mean()``: the losses' common scale
         if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
                  "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
@@ -2036,6 +2191,8 @@ class _Runner:
                     return Num(min(vals) if nm == "min" else max(vals))
                 if nm == "sum" and argv and isinstance(argv[0], Tensor):
                     return argv[0]
+                if nm == "sum" and argv and isinstance(argv[0], ListVal):
+                    return self._joined(argv[0].items)
                 return Num(None)
             if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
                       "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
@@ -2053,7 +2210,7 @@ class _Runner:
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
                 return t
-            return self._fresh(call)
+            return self._fresh(call, argv)
         if isinstance(func, cst.Attribute):
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
@@ -2074,7 +2231,7 @@ class _Runner:
                         "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
                         "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
                 return UNK
-            return self._fresh(call)
+            return self._fresh(call, argv)
         return UNK
 
     def _ds_config_n(self, scale, frame) -> Optional[str]:
@@ -2114,15 +2271,42 @@ class _Runner:
                 self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
                 return
 
-    def _fresh(self, call) -> Tensor:
+    def _joined(self, items) -> Any:
+        """The values of a list taken together (``sum(losses)``, ``losses[i]``): their common scale (unknown when
+        they differ), and the forward they come from when all of theirs ran with the same gradient sync."""
+        ts = [v for v in items if isinstance(v, Tensor)]
+        if not ts:
+            return UNK
+        scale = ts[0].scale if all(t.scale is not None and t.scale == ts[0].scale for t in ts) else None
+        graphs = [t for t in ts if t.graph]
+        if not graphs:
+            return Tensor(scale, False, None, None)
+        nss = {self.fwd_ns[id(t.node)][0] if t.node is not None and id(t.node) in self.fwd_ns else None
+               for t in graphs}
+        node = graphs[0].node if len(nss) == 1 and None not in nss else None
+        sinces = [t.since for t in graphs]
+        since = None if any(x is None for x in sinces) else min(sinces)
+        return Tensor(scale, True, node, since)
+
+    def _fresh(self, call, argv=()) -> Tensor:
         """The output of a call the trace does not model (a forward, a criterion): a loss of scale 1; whether
-        gradient sync was off when it ran is remembered (DDP decides at forward time)."""
+        gradient sync was off when it ran is remembered (DDP decides at forward time). A call handed graphs whose
+        forwards ran with sync off or unknown (``criterion(logits)`` outside the ``no_sync()`` of the model's
+        forward) leaves that unknown."""
         if self.no_sync:
             ns: Optional[bool] = True
         elif self.grad_sync is None:
             ns = None
         else:
             ns = not self.grad_sync
+        if ns is False:
+            # (only that direction: a tensor made with sync on and handed to a forward inside ``no_sync()`` is
+            # usually the input batch, not a forward)
+            for a in argv:
+                for t in (a.items if isinstance(a, ListVal) else (a,)):
+                    if isinstance(t, Tensor) and t.graph and t.node is not None and id(t.node) in self.fwd_ns \
+                            and self.fwd_ns[id(t.node)][0] is not False:
+                        ns = None
         self.fwd_ns[id(call)] = (ns, self.ns_nodes[-1] if self.ns_nodes else None, self.certain,
                                  self.site if self.depth else None)
         if self.no_grad:
@@ -2164,8 +2348,8 @@ class _Runner:
         new = _Frame(fn, cls, frame.depth + 1)
         params = list(fn.params.params)
         if cls is not None and params and params[0].name.value in ("self", "cls") and call is not None and \
-                isinstance(call.func, cst.Attribute):
-            params = params[1:]
+                (isinstance(call.func, cst.Attribute) or fn.name.value == "__call__"):
+            params = params[1:]  # (``scaler(loss, opt)``: an instance called runs its ``__call__``)
         for p, v in zip(params, args):
             new.locals[p.name.value] = v
         allp = list(fn.params.params) + list(fn.params.kwonly_params)
@@ -2184,12 +2368,19 @@ class _Runner:
         if self.depth == 0:
             self.site = call  # the loop body's call that led into the helpers
         self.depth += 1
+        saved_x = self._xfn
+        if project.info_of(fn) is not None:
+            self._xfn = fn
+            self._xfns.append(fn)
         try:
             self._block(_body(fn.body), new)
         finally:
             self.loop_names = saved_names
             self.depth -= 1
             self._stmt_node = saved_stmt
+            if self._xfn is not saved_x:
+                self._xfns.pop()
+            self._xfn = saved_x
         return new.ret if new.ret is not None else UNK
 
     def _prepared_effect(self, recv: Optional[str]) -> tuple[Optional[bool], str]:
@@ -2263,7 +2454,12 @@ class _Runner:
         since = v.since if isinstance(v, Tensor) and v.graph else None
         if not self.in_micro and since is not None and since == self.mb - 1:
             since = self.mb  # the forward ran in this iteration, before the backward opened its micro-batch
-        self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since)
+        summed = v.inner if isinstance(v, Tensor) and v.graph and v.inner is not None and \
+            not any(x is v.inner for x in self.inner_loops) else None  # backward after the loop that summed it
+        self.emit("backward", call, scale=scale, scaled=scaled, via=style, fwd_no_sync=fns, graph_from=since,
+                  graph_loop=_loop_header(self.dr, summed) if summed is not None else "")
+        if summed is not None:
+            self.trace.events[-1].meta["graph_loop"] = summed
         self.trace.events[-1].meta["fwd_ctx"] = where
         self.trace.events[-1].meta["fwd_certain"] = fwd_certain  # the forward ran whatever the undecided conditions
         if frame.depth and frame.func is not None:
@@ -2296,10 +2492,66 @@ class _Runner:
         ev.meta["arms"] = tuple(self.arms)  # the undecided conditions and the side taken (trace.update_on_every_path)
         ev.meta["seq"] = self.store_seq
         ev.meta["in_accumulate"] = bool(self.in_acc)
+        if self._xfn is not None and self.site is not None:
+            # made in a sibling module: reported at the call of this file that leads there
+            for n in [node, self._stmt_node] + ev.meta["conds"]:
+                if n is not None:
+                    fn = next((g for g in reversed(self._xfns) if id(n) in self.dr.inside(g)), None)
+                    if fn is not None:
+                        self.dr.foreign(n, self.site, fn)
         self.trace.events.append(ev)
 
 
 _MODEL_ROLES = ("model", "ddp_model", "lightning_module")
+
+_ACCELERATOR_Q = ("accelerate.Accelerator", "accelerate.accelerator.Accelerator")
+
+
+def _sibling_accelerator_n(r) -> Optional[tuple]:
+    """The accumulation factor of an Accelerator the file gets from a factory in a sibling module of the project
+    (``accelerator = train_util.prepare_accelerator(args)``, ``bertlint.analysis.project``), as
+    ``_Runner._accelerator_n`` gives it; None when not shown (no such factory, ``**kwargs``, a plugin, a file that
+    cannot be read)."""
+    hit = _sibling_acc(r.dr)
+    if hit is None:
+        return None
+    v, text = hit[0], hit[1]
+    if v is not None:
+        return (v, text)
+    if r.n_text and text == r.n_text:
+        return (r.n, text)
+    return (r.n if r.n and r.n > 1 else None, text)
+
+
+def _sibling_acc(dr) -> Optional[tuple]:
+    """(value | None, text, ModuleInfo, Accelerator call) of a sibling-built Accelerator (memoised per file)."""
+    hit = dr.__dict__.get("_sibling_acc", False)
+    if hit is False:
+        hit = None
+        xp = project.for_module(dr.ctx.module)
+        try:
+            got = xp.built_by_factory(_ACCELERATOR_Q, dr.f) if xp is not None else None
+        except Exception:
+            got = None
+        if got is not None:
+            call, binds, info, target, fn = got
+            if dr.f.receiver_kind(target)[0] == "accelerator" or (dr.roles is not None and dr.roles.role(target)
+                                                                  in ("accelerator", None)):
+                if any(a.star for a in call.args) or kwarg(call, "gradient_accumulation_plugin") is not None:
+                    hit = None
+                else:
+                    ga = kwarg(call, "gradient_accumulation_steps")
+                    if ga is None:
+                        hit = (1, "1", info, call)
+                    else:
+                        lit = literal(ga)
+                        text = dr.code(ga)
+                        head = text.split(".")[0]
+                        if head in binds and "(" not in text:
+                            text = binds[head] + text[len(head):]  # the factory's parameter: the caller's argument
+                        hit = (lit if isinstance(lit, int) and not isinstance(lit, bool) else None, text, info, call)
+        dr._sibling_acc = hit
+    return hit
 
 
 def _ddp_fact(dr) -> Optional[tuple]:
@@ -2659,16 +2911,30 @@ def _target_names(t) -> list:
     return out
 
 
-def _walk(node):
-    from bertlint.analysis.loops import walk
+def _self_add(small) -> bool:
+    """``x = x + y`` / ``x = y + x`` (one target)."""
+    v = small.value
+    if len(small.targets) != 1 or type(v) is not cst.BinaryOperation or type(v.operator) is not cst.Add:
+        return False
+    d = dotted(small.targets[0].target)
+    return d is not None and (dotted(v.left) == d or dotted(v.right) == d)
 
-    return walk(node)
+
+def _loop_header(dr, node) -> str:
+    """``for batch in window`` / ``while ...`` as written (shortened)."""
+    if isinstance(node, cst.For):
+        return f"for {dr.code(node.target)} in {dr.code(node.iter)}"[:80]
+    if isinstance(node, cst.While):
+        return f"while {dr.code(node.test)}"[:80]
+    return ""
+
+
+def _walk(node):
+    return scope_nodes(node)
 
 
 def _names(expr) -> list:
-    from bertlint.analysis.loops import _names_in
-
-    return _names_in(expr)
+    return names_in(expr)
 
 
 def _ids_in(node) -> set:
@@ -2676,16 +2942,12 @@ def _ids_in(node) -> set:
 
 
 def _all_nodes(node):
-    from bertlint.analysis.loops import walk
-
-    return walk(node, into_scopes=True)
+    return scope_nodes(node, into_scopes=True)
 
 
 def _assigned(fn) -> set:
-    from bertlint.analysis.loops import _assigned_names
-
     try:
-        return _assigned_names(fn)
+        return assigned_names(fn)
     except Exception:
         return set()
 

@@ -67,7 +67,7 @@ _MODEL_CTOR = re.compile(
     r"^SentenceTransformer$|^unwrap_model$|Classifier$|Net$|Encoder$|Transformer$)"
 )
 _NOT_MODEL_CTOR = re.compile(r"(Tokenizer|Processor|Config|FeatureExtractor|ImageProcessor|Collator|Dataset|Args|"
-                            r"Pipeline$|^pipeline$)")
+                            r"Pipeline$|PipelineFor[A-Z]|^pipeline$)")  # AutoPipelineForText2Image: a pipeline
 # a diffusers / transformers pipeline's __call__ runs under no_grad itself (diffusers decorates it with
 # ``@torch.no_grad()``; transformers' ``Pipeline.forward`` uses ``no_grad`` / ``inference_mode``)
 

@@ -62,64 +62,11 @@ from bertlint.analysis.symbols import (
 
 LoopNode = Union[cst.For, cst.While]
 
-# ---------------------------------------------------------------------------------------------- fast traversal
-# libcst's visitor machinery costs most of the analysis time; rules only need expression / statement children,
-# so iterate the dataclass fields directly (whitespace, parentheses and punctuation fields skipped).
-import dataclasses as _dc
-
-_SKIP_FIELD = re.compile(r"^(whitespace|lpar|rpar|leading_lines|lines_after|header|footer|comma|semicolon|dot$|"
-                         r"colon|equal|star$|newline|trailing_whitespace|first_line|empty_lines|indent|"
-                         r"asynchronous|operator$|encoding|default_indent|default_newline|has_trailing_newline)")
-_FIELDS: dict = {}
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-_SCOPE_TYPES = frozenset(_SCOPES)
-
-
-def _fields(tp) -> tuple:
-    f = _FIELDS.get(tp)
-    if f is None:
-        f = tuple(x.name for x in _dc.fields(tp) if not _SKIP_FIELD.match(x.name))
-        _FIELDS[tp] = f
-    return f
-
-
-_ISNODE: dict = {}
-
-
-def _isnode(v) -> bool:
-    t = type(v)
-    r = _ISNODE.get(t)
-    if r is None:
-        r = _ISNODE[t] = issubclass(t, cst.CSTNode)
-    return r
-
-
-def iter_children(node: cst.CSTNode):
-    out = []
-    for name in _fields(type(node)):
-        v = getattr(node, name, None)
-        t = type(v)
-        if t is list or t is tuple:
-            for x in v:
-                if _isnode(x):
-                    out.append(x)
-        elif _isnode(v):
-            out.append(v)
-    return out
-
-
-def walk(node: cst.CSTNode, into_scopes: bool = False):
-    """Pre-order nodes under ``node`` (itself included); nested def / class / lambda bodies skipped unless asked."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if not into_scopes and n is not node and type(n) in _SCOPE_TYPES:
-            continue
-        kids = iter_children(n)
-        kids.reverse()
-        stack.extend(kids)
-
+from bertlint.analysis.walk import SCOPE_TYPES as _SCOPE_TYPES
+from bertlint.analysis.walk import assigned_names as _assigned_names
+from bertlint.analysis.walk import children as iter_children
+from bertlint.analysis.walk import names_in as _names_in
+from bertlint.analysis.walk import scope_nodes as walk
 
 # names that denote an accumulation factor
 ACCUM_RE = re.compile(
@@ -628,9 +575,11 @@ class FileLoops:
         return None
 
     def _read_accelerator(self, call: cst.Call) -> None:
-        if any(a.star == "**" for a in call.args):
-            self.accelerator_ga_unknown = True
         ga = kwarg(call, "gradient_accumulation_steps")
+        if any(a.star == "**" for a in call.args) and ga is None:
+            # (an explicit ``gradient_accumulation_steps=`` decides: the same key in ``**kwargs`` is a TypeError, a
+            # plugin there a ValueError)
+            self.accelerator_ga_unknown = True
         if ga is not None:
             self.accelerator_ga = self.factor(ga, "accelerator", None)
         plugin = self._resolve_call(kwarg(call, "gradient_accumulation_plugin"))
@@ -866,21 +815,33 @@ class FileLoops:
 
     # ------------------------------------------------------------------ functions reachable from a call
     def callee(self, call: cst.Call, func: Optional[cst.FunctionDef], cls: Optional[cst.ClassDef]):
-        """The same-file function a call runs, or None (never guess between several)."""
+        """The same-file function a call runs, or None (never guess between several); then a function of the
+        project's own sibling modules (``bertlint.analysis.project``: imported, or the ``__call__`` / method of an
+        instance of an imported class, or a method inherited from a sibling's class)."""
+        xp = self.__dict__.get("xp", False)
+        if xp is False:
+            from bertlint.analysis import project
+
+            xp = self.xp = project.for_module(self.module)
+        if xp is not None and xp.foreign_call(call):
+            return xp.callee(call, func, cls, self)
         f = call.func
         if isinstance(f, cst.Name):
             defs = self.c.module_funcs.get(f.value, [])
             if len(defs) == 1:
                 return defs[0]
-            return None
-        if (
+            if defs:
+                return None
+        elif (
             isinstance(f, cst.Attribute)
             and isinstance(f.value, cst.Name)
             and f.value.value == "self"
             and cls is not None
         ):
-            return self.c.class_methods.get(cls.name.value, {}).get(f.attr.value)
-        return None
+            m = self.c.class_methods.get(cls.name.value, {}).get(f.attr.value)
+            if m is not None:
+                return m
+        return xp.callee(call, func, cls, self) if xp is not None else None
 
     _RELEVANT_ATTRS = frozenset({
         "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
@@ -927,13 +888,16 @@ class FileLoops:
     def class_of(self, func: Optional[cst.FunctionDef]) -> Optional[cst.ClassDef]:
         if func is None:
             return None
-        return self.c.method_class.get(id(func))
+        c = self.c.method_class.get(id(func))
+        if c is None and self.__dict__.get("xp"):
+            c = self.xp.class_of(func)  # a method of a sibling module's class
+        return c
 
     # ------------------------------------------------------------------ loops
     def _build_loops(self) -> None:
         found: list[tuple[LoopNode, Optional[cst.FunctionDef], Optional[cst.ClassDef], list[LoopNode]]] = []
         for node, func, cls, outer in self.c.loops:
-            if self._has_backward(node.body, cls, 0, set()):
+            if self._has_backward(node.body, cls, 0, set(), func):
                 found.append((node, func, cls, outer))
         with_bw_ids = {id(n) for n, *_ in found}
         for node, func, cls, outer in found:
@@ -965,7 +929,7 @@ class FileLoops:
             return None
         return w
 
-    def _has_backward(self, node: cst.CSTNode, cls, depth: int, seen: set) -> bool:
+    def _has_backward(self, node: cst.CSTNode, cls, depth: int, seen: set, func=None) -> bool:
         key = id(node)
         if key in self._backward_memo:
             return self._backward_memo[key]
@@ -977,36 +941,14 @@ class FileLoops:
                 break
         if not res and depth < 3:
             for call in calls:
-                fn = self.callee(call, None, cls)
+                fn = self.callee(call, func, cls)
                 if fn is not None and id(fn) not in seen:
                     seen.add(id(fn))
-                    if self._has_backward(fn.body, self.class_of(fn) or cls, depth + 1, seen):
+                    if self._has_backward(fn.body, self.class_of(fn) or cls, depth + 1, seen, fn):
                         res = True
                         break
         self._backward_memo[key] = res
         return res
-
-
-def _names_in(expr: cst.CSTNode) -> list[str]:
-    out: list[str] = []
-    stack = [expr]
-    while stack:
-        n = stack.pop()
-        tp = type(n)
-        if tp is cst.Attribute:
-            d = dotted(n)
-            if d:
-                out.append(d)
-                continue
-        elif tp is cst.Name:
-            out.append(n.value)
-            continue
-        elif tp in _SCOPE_TYPES and n is not expr:
-            continue
-        kids = iter_children(n)
-        kids.reverse()
-        stack.extend(kids)
-    return out
 
 
 def backward_style(call: cst.Call, f: FileLoops) -> Optional[str]:
@@ -1529,35 +1471,12 @@ def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if type(n) is cst.Call]
 
 
-def _target_names(t, out: set) -> None:
-    if isinstance(t, (cst.Tuple, cst.List)):
-        for el in t.elements:
-            _target_names(el.value, out)
-    elif isinstance(t, cst.StarredElement):
-        _target_names(t.value, out)
-    else:
-        d = dotted(t)
-        if d:
-            out.add(d)
-
-
-def _assigned_names(loop: LoopNode) -> set[str]:
-    out: set = set()
-    for n in walk(loop, into_scopes=False):
-        tp = type(n)
-        if tp is cst.Assign:
-            for t in n.targets:
-                _target_names(t.target, out)
-        elif tp is cst.AugAssign or tp is cst.AnnAssign or tp is cst.For or tp is cst.NamedExpr:
-            _target_names(n.target, out)
-        elif tp is cst.WithItem and n.asname is not None:
-            _target_names(n.asname.name, out)
-    return out
-
-
 def _stmt_nodes_in(loop: LoopNode) -> list:
     return [n for n in walk(loop, into_scopes=True) if type(n) is cst.Assign or type(n) is cst.AnnAssign]
 
 
 def build(ctx) -> FileLoops:
+    from bertlint.analysis import project
+
+    project.of(ctx)  # FileLoops.callee follows calls into the project's own sibling modules
     return FileLoops(ctx.module, ctx.symbols, ctx.resolver)

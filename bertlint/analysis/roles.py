@@ -416,8 +416,8 @@ def classify_qualname(q: str) -> Optional[tuple[str, Optional[str]]]:
             return ("trainer", None)
         return None
     if top in ("transformers", "diffusers", "peft", "trl", "sentence_transformers", "open_clip"):
-        if last == "pipeline" or last.endswith("Pipeline"):
-            return ("pipeline", None)
+        if last == "pipeline" or last.endswith("Pipeline") or re.search(r"PipelineFor[A-Z]", last):
+            return ("pipeline", None)  # StableDiffusionPipeline, AutoPipelineForText2Image
         if top == "transformers" and last in ("AdamW", "Adafactor") or (last == "create_optimizer" and top == "transformers"):
             return ("optimizer", None)
         if re.match(r"get_\w*schedul\w*$", last) or (top in ("transformers", "diffusers") and last == "get_scheduler"):
@@ -462,7 +462,7 @@ _FAMILY_OF_QUALNAME = (
     ("lightning_module", _lazy_re(r"^(lightning|pytorch_lightning)(\..*)?\.LightningModule$")),
     ("optimizer", _lazy_re(r"^torch\.optim(\.optimizer)?\.Optimizer$")),
     ("scheduler", _lazy_re(r"^torch\.optim\.lr_scheduler\.\w+$")),
-    ("pipeline", _lazy_re(r"^(diffusers|transformers)(\..*)?\.\w*Pipeline$")),
+    ("pipeline", _lazy_re(r"^(diffusers|transformers)(\..*)?\.\w*Pipeline(For[A-Z]\w*)?$")),
     ("module", _lazy_re(r"^(torch\.nn(\.modules)?(\.module)?\.\w+|transformers(\..*)?\.(PreTrainedModel|\w+PreTrainedModel|"
                           r"\w+Model|\w+For\w+)|diffusers(\..*)?\.(ModelMixin|\w+Model)|lightning(\..*)?\.LightningModule|"
                           r"transformers\.models\.\w+\.modeling_\w+\.(?!\w*Output$)\w+)$")),

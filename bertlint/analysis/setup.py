@@ -1055,18 +1055,34 @@ class _Builder:
                     parsers[site.targets[0]] = i
                     classes_of[site.targets[0]] = elems
                     break
-        if not parsers:
+        inline: dict[int, tuple[int, list]] = {}  # HfArgumentParser(X).parse_...(): the parser is never named
+        for site in self.col.calls:
+            f = site.call.func
+            if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Call) and \
+                    (call_name(f.value) or "").split(".")[-1] == "HfArgumentParser":
+                first = positional(f.value, 0) or kwarg(f.value, "dataclass_types")
+                if first is None:
+                    continue
+                elems = [e.value for e in first.elements] if isinstance(first, (cst.Tuple, cst.List)) else [first]
+                for i, e in enumerate(elems):
+                    if self.is_args_class(e):
+                        inline[id(site.call)] = (i, elems)
+                        break
+        if not parsers and not inline:
             return out
         for site in self.col.calls:
             f = site.call.func
-            if not isinstance(f, cst.Attribute) or dotted(f.value) not in parsers:
+            if not isinstance(f, cst.Attribute):
+                continue
+            if id(site.call) in inline:
+                idx, elems = inline[id(site.call)]
+            elif dotted(f.value) in parsers:
+                idx, elems = parsers[dotted(f.value)], classes_of[dotted(f.value)]
+            else:
                 continue
             method = f.attr.value
             if not method.startswith("parse_"):
                 continue
-            pvar = dotted(f.value)
-            idx = parsers[pvar]
-            elems = classes_of[pvar]
             targets = site.targets
             var = None
             remaining = literal(kwarg(site.call, "return_remaining_strings")) is True
@@ -1479,7 +1495,9 @@ class _Builder:
                 if cast:
                     info.cast, info.cast_node = cast, site.call
         for target, assigns in self.t.assignments.items():
-            if target in (f"{var}.config.use_cache",) and any(literal(a.value) is True for a in assigns):
+            if target in (f"{var}.config.use_cache",) and assigns and all(literal(a.value) is True for a in assigns):
+                # only a flag the file never sets otherwise: `use_cache = False` in the checkpointing arm and True in
+                # the other, or True restored after training, is managed per configuration, not left on
                 info.use_cache_true = assigns[0].node
             if target == f"{var}.config.is_decoder" and any(literal(a.value) is True for a in assigns):
                 info.is_decoder = True

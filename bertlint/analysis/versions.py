@@ -121,15 +121,24 @@ class TargetVersion:
     exact: bool = True
     spec: Optional[str] = None  # the specifier as written, for ranges
     lowest: Optional[tuple[int, ...]] = None  # lower bound of a range, if any
+    # False when the project pins the package to something whose release cannot be read (a source install at a
+    # commit or branch: ``git+https://github.com/huggingface/transformers@a6e6b1c``). ``version`` is then only the
+    # fallback (installed / current); no comparison is decided on it: :meth:`at_least` and :meth:`below` are both
+    # False, so a version-gated finding stays silent rather than resting on a version the project does not run.
+    known: bool = True
 
     @property
     def text(self) -> str:
         return vstr(self.version)
 
     def at_least(self, v: str) -> bool:
+        if not self.known:
+            return False
         return self.version >= (parse_version(v) or (0,))
 
     def below(self, v: str) -> bool:
+        if not self.known:
+            return False
         return not self.at_least(v)
 
     def between(self, lo: str, hi_exclusive: str) -> bool:
@@ -140,11 +149,13 @@ class TargetVersion:
         """No ``target-versions`` and no pin near the script: the version is the one installed beside bertlint, or
         bertlint's current release, not evidence about the script. Version-dependent findings resting on it say so
         and are never errors (:func:`severity_for`)."""
-        return self.source in (INSTALLED, ASSUMED)
+        return self.source in (INSTALLED, ASSUMED) or not self.known
 
     def describe(self) -> str:
         """``transformers 5.24.0 (pinned in requirements.txt:3)``; for a fallback version the text says that it is
         bertlint's own environment, not the script's."""
+        if not self.known:
+            return f"{self.package} at an unknown release ({self.source})"
         if self.assumed:
             what = "installed beside bertlint" if self.source == INSTALLED else "bertlint's current release"
             return (f"{self.package} {self.text} ({what}: no pin near the script and no `[tool.bertlint] "
@@ -299,17 +310,33 @@ _VCS = re.compile(r"(?:^|@\s*)git\+https?://[^@\s]*?/(?P<repo>[A-Za-z0-9_.\-]+?)
 _TAG = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?)$")
 
 
+_UNKNOWN_REF = "@"  # the spec _vcs_pin gives a source install at a commit or branch: a pin whose release is unknown
+
+
 def _vcs_pin(line: str) -> Optional[tuple[str, str]]:
     """``git+https://github.com/huggingface/transformers@v4.30.0`` (or ``transformers @ git+...@v4.30.0``): a source
-    install at a release tag pins that release. A branch or commit does not say which release it is: None."""
+    install at a release tag pins that release. A branch or commit pins the package too, but does not say which
+    release it is: ``(package, "@<ref>")``, read as a pin of unknown release (:func:`_unknown_pin`)."""
     m = _VCS.search(line)
     if not m:
         return None
     pkg = _ALIASES.get(m.group("repo").lower().replace("_", "-"))
-    t = _TAG.match(m.group("ref"))
-    if pkg is None or not t:
+    if pkg is None:
         return None
+    t = _TAG.match(m.group("ref"))
+    if not t:
+        return pkg, _UNKNOWN_REF + m.group("ref")
     return pkg, "==" + t.group(1)
+
+
+def _unknown_pin(package: str, spec: str, where: str) -> TargetVersion:
+    """A pin whose release cannot be read (a commit or branch of a source install). Its ``version`` is only the
+    fallback bertlint would otherwise assume; ``known`` is False so nothing is decided on it."""
+    ref = spec[len(_UNKNOWN_REF):]
+    fallback = installed(package)
+    v = fallback.version if fallback is not None else (parse_version(CURRENT.get(package, "0")) or (0,))
+    return TargetVersion(package, v, f"{where} installs it from source at `{ref[:12]}`, which does not name a release",
+                         exact=False, spec=spec, known=False)
 
 
 def _requirement(line: str) -> Optional[tuple[str, str]]:
@@ -345,10 +372,16 @@ def _scan_requirements(path: str, rel: str) -> dict[str, TargetVersion]:
     for i, line in enumerate(lines, 1):
         r = _requirement(line)
         if r and r[0] not in out:
-            tv = resolve_spec(r[0], r[1], f"{rel}:{i}")
+            tv = _resolve_pin(r[0], r[1], f"{rel}:{i}")
             if tv:
                 out[r[0]] = tv
     return out
+
+
+def _resolve_pin(package: str, spec: str, where: str) -> Optional[TargetVersion]:
+    if spec.startswith(_UNKNOWN_REF):
+        return _unknown_pin(package, spec, where)
+    return resolve_spec(package, spec, where)
 
 
 def _scan_quoted(path: str, rel: str) -> dict[str, TargetVersion]:
@@ -390,7 +423,7 @@ def _scan_quoted(path: str, rel: str) -> dict[str, TargetVersion]:
                 found.append(r)
         for pkg, spec in found:
             if pkg not in out:
-                tv = resolve_spec(pkg, spec, f"{rel}:{i}")
+                tv = _resolve_pin(pkg, spec, f"{rel}:{i}")
                 if tv:
                     out[pkg] = tv
     return out
@@ -413,7 +446,7 @@ def _scan_environment(path: str, rel: str) -> dict[str, TargetVersion]:
         s = s.split("::")[-1]
         r = _requirement(s)
         if r and r[0] not in out:
-            tv = resolve_spec(r[0], r[1], f"{rel}:{i}")
+            tv = _resolve_pin(r[0], r[1], f"{rel}:{i}")
             if tv:
                 out[r[0]] = tv
     return out

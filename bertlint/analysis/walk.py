@@ -193,3 +193,74 @@ def iter_nodes(node: cst.CSTNode):
         n = stack.pop()
         yield n
         stack.extend(reversed(children(n)))
+
+
+# ------------------------------------------------------------------------------------------------ scope-aware walks
+# Shared by the loop rules, the dry run and the roles (they were loop-model helpers once).
+SCOPE_TYPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
+
+
+def scope_nodes(node: cst.CSTNode, into_scopes: bool = False):
+    """Pre-order nodes under ``node`` (itself included); nested def / class / lambda bodies skipped unless asked."""
+    stack = [node]
+    scopes = SCOPE_TYPES
+    while stack:
+        n = stack.pop()
+        yield n
+        if not into_scopes and n is not node and type(n) in scopes:
+            continue
+        stack.extend(reversed(children(n)))
+
+
+def names_in(expr: cst.CSTNode) -> list[str]:
+    """The names and dotted attribute chains read in ``expr`` (``args.lr``, ``step``), nested scopes skipped."""
+    from bertlint.analysis.symbols import dotted
+
+    out: list[str] = []
+    stack = [expr]
+    A, N, scopes = cst.Attribute, cst.Name, SCOPE_TYPES
+    while stack:
+        n = stack.pop()
+        tp = type(n)
+        if tp is A:
+            d = dotted(n)
+            if d:
+                out.append(d)
+                continue
+        elif tp is N:
+            out.append(n.value)
+            continue
+        elif tp in scopes and n is not expr:
+            continue
+        stack.extend(reversed(children(n)))
+    return out
+
+
+def target_names(t: cst.CSTNode, out: set) -> None:
+    """Add the names an assignment target binds (tuples, starred elements, dotted attributes)."""
+    from bertlint.analysis.symbols import dotted
+
+    if isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            target_names(el.value, out)
+    elif isinstance(t, cst.StarredElement):
+        target_names(t.value, out)
+    else:
+        d = dotted(t)
+        if d:
+            out.add(d)
+
+
+def assigned_names(node: cst.CSTNode) -> set[str]:
+    """The names (and dotted attributes) ``node`` assigns, nested scopes skipped."""
+    out: set = set()
+    for n in scope_nodes(node):
+        tp = type(n)
+        if tp is cst.Assign:
+            for t in n.targets:
+                target_names(t.target, out)
+        elif tp is cst.AugAssign or tp is cst.AnnAssign or tp is cst.For or tp is cst.NamedExpr:
+            target_names(n.target, out)
+        elif tp is cst.WithItem and n.asname is not None:
+            target_names(n.asname.name, out)
+    return out

@@ -1,8 +1,8 @@
 """Helpers shared by the training-loop rules (BL101–BL115, BL201, BL202). Not a rule module (leading underscore).
 
 The loop rules read the dry run (``bertlint/analysis/dryrun.py``: ``violations``, ``treport``, the ``t*`` fix
-helpers) and the set-up facts of ``ctx.loops`` (what the Accelerator configures, schedule lengths and units);
-``report`` is kept for BL113's loop-level report. None re-walks the tree.
+helpers) and the set-up facts of ``ctx.loops`` (what the Accelerator configures, schedule lengths and units).
+None re-walks the tree.
 """
 
 from __future__ import annotations
@@ -82,6 +82,18 @@ def _lambda_length(fn):
     return next(iter(names.values())) if len(names) == 1 else None
 
 
+def _sibling_accelerator(ctx) -> str:
+    """Where the Accelerator is built when a factory of a sibling module builds it (bertlint/analysis/project.py)."""
+    dr = ctx.__dict__.get("_dryrun")
+    hit = dr.__dict__.get("_sibling_acc") if dr is not None else None
+    if not hit:
+        return ""
+    from bertlint.analysis.project import where
+
+    at = where(hit[3], hit[2])
+    return f"; the Accelerator is built in {at}" if at else ""
+
+
 def owner_note(ctx, loop: TrainingLoop) -> str:
     """Who owns accumulation in this loop and the version assumed, for messages."""
     owner = loop.owner
@@ -94,28 +106,14 @@ def owner_note(ctx, loop: TrainingLoop) -> str:
     if owner == "fabric":
         return f"Fabric loop, {fw(ctx, 'lightning')}"
     if owner == "accelerate-manual":
-        return f"accelerate loop without accumulate(), {fw(ctx, 'accelerate')}"
+        return f"accelerate loop without accumulate(), {fw(ctx, 'accelerate')}{_sibling_accelerator(ctx)}"
     if owner == "accelerate":
-        return f"accelerate accumulate(), {fw(ctx, 'accelerate')}"
+        return f"accelerate accumulate(), {fw(ctx, 'accelerate')}{_sibling_accelerator(ctx)}"
     if owner == "deepspeed":
         return f"DeepSpeed engine, {fw(ctx, 'deepspeed')}"
     if owner == "lightning-manual":
         return f"Lightning manual optimization, {fw(ctx, 'lightning')}"
     return f"hand-written PyTorch loop, {fw(ctx, 'torch')}"
-
-
-def report(ctx, loop: TrainingLoop, node, message: str, **kw):
-    """``ctx.report`` with the loop facts the verifier and ``explain`` can use in ``data``."""
-    data = dict(kw.pop("data", None) or {})
-    try:
-        acc = loop.accum()
-        data.setdefault("n", acc.value if acc is not None else None)
-        data.setdefault("n_text", acc.text if acc is not None else None)
-        data.setdefault("owner", loop.owner)
-        data.setdefault("loop_row", ctx.span(loop.node)[0].row)
-    except Exception:
-        pass
-    return ctx.report(node, message, data=data, **kw)
 
 
 # ---------------------------------------------------------------------------------------------- trace-based rules
@@ -214,8 +212,13 @@ def n_shown_t(tr) -> str:
 
 def trace_note(tr) -> str:
     """How the dry run was made: ``dry run with N = 4 (a representative value for `args.ga`)``."""
+    drv = getattr(tr, "driver", "")
+    if drv:
+        drv = f"; dry run with {drv}"
     if tr.n is None:
-        return ""
+        return drv
+    if drv:
+        return drv + (f", N = {tr.n} standing for `{tr.n_text}`" if tr.n_source == "representative" else "")
     if tr.n_source == "representative":
         return f"; dry run with N = {tr.n} standing for `{tr.n_text}`"
     if tr.n_source == "other":

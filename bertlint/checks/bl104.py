@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from bertlint import trace as T
-from bertlint.analysis.loops import walk
+from bertlint.analysis.walk import scope_nodes as walk
 from bertlint.analysis.symbols import code_of, dotted, kwarg
 from bertlint.checks import _ga
 from bertlint.registry import rule

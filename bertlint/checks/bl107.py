@@ -59,12 +59,18 @@ def check(ctx) -> None:
             node = value
             when = f" on the gate `{name} = {_ga.code_of(value).strip()}`"
             ctext = ""
-        _ga.treport(
-            ctx, run, tr, node,
-            f"The optimizer steps{when}, which already holds on the first micro-batch{_ga.when(tr)}: {v.message}. "
-            f"Step when `(i + 1) % {tr.n_text} == 0` on a 0-based index, or count from 1 (`enumerate(..., 1)`). "
-            f"{note}",
-        )
+        k = v.data.get("first") or 1
+        if k == 1:
+            msg = (f"The optimizer steps{when}, which already holds on the first micro-batch{_ga.when(tr)}: "
+                   f"{v.message}. Step when `(i + 1) % {tr.n_text} == 0` on a 0-based index, or count from 1 "
+                   f"(`enumerate(..., 1)`). {note}")
+        else:
+            # an index one ahead of the gate's count (``enumerate(loader, start=1)`` with ``(step + 1) % N``)
+            msg = (f"The optimizer steps{when}, which first holds after {k} micro-batches, not {_ga.n_shown_t(tr)}"
+                   f"{_ga.when(tr)}: {v.message}. Make the gate hold on the window's last micro-batch: "
+                   f"`(i + 1) % {tr.n_text} == 0` on a 0-based index, `i % {tr.n_text} == 0` on a 1-based one. "
+                   f"{note}")
+        _ga.treport(ctx, run, tr, node, msg)
 
 
 def _flag_definition(ctx, cond, n_text: str, loop):

@@ -16,6 +16,8 @@ DeepSpeed plugin, a launcher config) is a set-up fact of the file."""
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from bertlint.analysis.symbols import code_of
@@ -48,12 +50,21 @@ def check(ctx) -> None:
                 if id(call) in done:
                     continue
                 done.add(id(call))
+                # an accumulation factor the script names (an option, a variable, a config key) but never hands to
+                # the Accelerator is a lost setting (E); with no such name anywhere the accumulate() may be a copied
+                # idiom on a run meant to step every micro-batch, which N = 1 does correctly (W)
+                meant = _names_accumulation(ctx.source)
                 _ga.treport(
                     ctx, run, traces[0], call,
-                    f"`accumulate()` is used but `{code_of(f.accelerator_calls[0]).strip()[:60]}` configures no "
+                    f"`accumulate()` is used but `{' '.join(code_of(f.accelerator_calls[0]).split())[:60]}` configures no "
                     f"gradient accumulation ({_ga.fw(ctx, 'accelerate')} then syncs and steps on every micro-batch: "
-                    f"N = 1). Pass `Accelerator(gradient_accumulation_steps=N)` (unless `accelerate launch "
+                    f"N = 1)"
+                    + (". " if meant else ", and nothing else in the file names an accumulation factor: if none is "
+                       "meant, the context manager is a no-op here; if one is, ")
+                    + ("Pass" if meant else "pass")
+                    + " `Accelerator(gradient_accumulation_steps=N)` (unless `accelerate launch "
                     f"--gradient_accumulation_steps` sets it for DeepSpeed).",
+                    **({} if meant else {"severity": Severity.WARNING}),
                 )
         # 2. a plain loss.backward() (or scaler.scale(loss).backward()) the dry run reaches with a prepared model
         if f.prepared and f.prepared_for(loop):
@@ -133,7 +144,7 @@ def _own_scaled_backwards(ctx) -> set:
     cached = getattr(ctx, "_bl109_scaled", None)
     if cached is not None:
         return cached
-    from bertlint.analysis.loops import walk
+    from bertlint.analysis.walk import scope_nodes as walk
     import libcst as cst
 
     out: set = set()
@@ -198,3 +209,12 @@ def _fp16(f) -> bool:
         if v == "fp16" or not isinstance(v, str):
             return True
     return False
+
+
+_ACCUM_WORD = re.compile(r"accum(?!ulate\s*\()", re.IGNORECASE)
+
+
+def _names_accumulation(source: str) -> bool:
+    """Whether the code (comments left out) names an accumulation factor anywhere: ``--gradient_accumulation_steps``,
+    ``grad_accum = 4``, ``config.accum_iter``. Only lowers a severity; never decides a finding."""
+    return any(_ACCUM_WORD.search(line.split("#", 1)[0]) for line in source.splitlines())

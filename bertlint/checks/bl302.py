@@ -16,6 +16,7 @@ def check(ctx) -> None:
     if "use_cache" not in ctx.source:
         return
     tv = ctx.versions.transformers
+    reported: set[int] = set()
     for s in ctx.setup.setups:
         m = s.model
         if m is None:
@@ -48,6 +49,7 @@ def check(ctx) -> None:
             o = a.origin("gradient_checkpointing")
             if o.startswith("argparse"):
                 ckpt = f" Checkpointing is on with the command-line defaults ({o})."
+        reported.add(id(node))
         ctx.report(
             node,
             f"`use_cache=True`{how} on a decoder model trained with activation checkpointing: the KV cache is of no "
@@ -55,3 +57,40 @@ def check(ctx) -> None:
             f"{tv.describe()}); the setting is also saved into the model's config.{ckpt} Fix: `use_cache=False` "
             f"while training.",
         )
+
+    _handed_models(ctx, tv, reported)
+
+
+def _handed_models(ctx, tv, reported: set) -> None:
+    """A model the file does not build (a function's parameter, ``self.model``): it is a transformers model by usage
+    when the same function calls ``X.gradient_checkpointing_enable()`` on it, and one with a KV cache when the
+    function sets ``X.config.use_cache = True``. Whether it is a decoder is not known here, so the finding says
+    that it holds for a decoder (an encoder ignores the flag)."""
+    enabled: dict[tuple, cst.Call] = {}  # (model expression, function) -> its first enable call
+    for call, name, func in ctx.symbols.calls:
+        if name.endswith(".gradient_checkpointing_enable"):
+            enabled.setdefault((name[: -len(".gradient_checkpointing_enable")], id(func)), call)
+    if not enabled:
+        return
+    for target, assigns in ctx.symbols.assignments.items():
+        if not target.endswith(".config.use_cache"):
+            continue
+        owner = target[: -len(".config.use_cache")]
+        if any(literal(a.value) is not True for a in assigns):
+            continue  # the file also sets it otherwise (per configuration, or restored later): not left on
+        for a in assigns:
+            if id(a.node) in reported or literal(a.value) is not True or (owner, id(a.func)) not in enabled:
+                continue
+            if any(s.model is not None and s.model.use_cache_true is a.node for s in ctx.setup.setups):
+                continue
+            at, on = ctx.span(a.node)[0], ctx.span(enabled[(owner, id(a.func))])[0]
+            if (at.row, at.column) > (on.row, on.column):
+                continue  # set after checkpointing was switched on: typically restored for saving or generation
+            ctx.report(
+                a.node,
+                f"`{target} = True` and `{owner}.gradient_checkpointing_enable()` in the same function: when "
+                f"`{owner}` is a decoder (a model with a KV cache, which the `use_cache` flag implies), the cache is "
+                f"of no use in training and each checkpointed layer forces `use_cache=False` with a warning (on "
+                f"{tv.describe()}); the setting is also saved into the model's config. Fix: "
+                f"`{target} = False` while training.",
+            )

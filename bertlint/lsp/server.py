@@ -615,6 +615,18 @@ def _line_start(lines: list[str], line: int, codec) -> types.Position:
     return types.Position(line=len(lines), character=0)
 
 
+def _relint_readers(ls: "BertlintServer", path: Optional[str], uri: str) -> None:
+    """A saved / changed ``.py`` file may be a sibling module another open file's analysis read
+    (``bertlint/analysis/project.py``): re-lint those files."""
+    if not path or not path.endswith(".py"):
+        return
+    from bertlint.analysis import project
+
+    for other in list(ls.open_uris):
+        if other != uri and project.reads(ls.fs_path(other) or "", path):
+            ls.schedule(other, delay=0)
+
+
 def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
     server = BertlintServer(debounce_ms)
 
@@ -684,6 +696,7 @@ def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
         if ls.is_cell(uri):
             return
         ls.schedule(uri, delay=0)
+        _relint_readers(ls, ls.fs_path(uri), uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: BertlintServer, params: types.DidCloseTextDocumentParams) -> None:
@@ -715,6 +728,9 @@ def create_server(debounce_ms: Optional[int] = None) -> BertlintServer:
     async def watched(ls: BertlintServer, params: types.DidChangeWatchedFilesParams) -> None:
         if any(os.path.basename(ls.fs_path(c.uri) or "") in CONFIG_NAMES for c in params.changes):
             await ls.relint_all()
+            return
+        for c in params.changes:
+            _relint_readers(ls, ls.fs_path(c.uri), c.uri)
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def configuration(ls: BertlintServer, params: types.DidChangeConfigurationParams) -> None:
