@@ -1057,8 +1057,7 @@ def deepspeed_enabled_for(ctx: Any) -> tuple[Optional[bool], str]:
     plugins = [u for u in deepspeed_uses(ctx) if u.framework == "accelerate"]
     if plugins:
         try:
-            row = ctx.span(plugins[0].call)[0].row
-            return True, f"`DeepSpeedPlugin(...)` at line {row}"
+            return True, f"`DeepSpeedPlugin(...)` at line {_row(ctx, plugins[0].call)}"
         except Exception:
             return True, "`DeepSpeedPlugin(...)` in the script"
     cfgs = accelerate_configs_for(ctx)
@@ -1119,6 +1118,9 @@ def deepspeed_expected_for(ctx: Any) -> str:
 
 
 def _row(ctx: Any, node: Any) -> str:
+    deferred = getattr(ctx, "deferred_row", None)
+    if deferred is not None:  # resolved when a finding shows the text (no positions for a file with none)
+        return deferred(node)
     try:
         return str(ctx.span(node)[0].row)
     except Exception:
