@@ -1053,7 +1053,8 @@ def deepspeed_enabled_for(ctx: Any) -> tuple[Optional[bool], str]:
     starting "when launched with DeepSpeed") when no launcher config decides and the script expects DeepSpeed
     (``deepspeed_expected_for``: ``DummyOptim``, ``accelerator.state.deepspeed_plugin``);
     (False, reason) when launcher configs exist and none uses DeepSpeed and the code builds no plugin;
-    (None, "") when unknown (the launch command decides)."""
+    (None, "") when unknown (the launch command decides). Line numbers in the reason are placeholders
+    (``FileContext.deferred_row``) that the diagnostic showing it resolves (``FileContext.resolve_rows``)."""
     plugins = [u for u in deepspeed_uses(ctx) if u.framework == "accelerate"]
     if plugins:
         try:
