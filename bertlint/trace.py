@@ -36,7 +36,7 @@ micro-batch 4 only, weighted 1/4"). Rules add the framework, version and fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Iterable, Optional
 
