@@ -1928,6 +1928,15 @@ class _Runner:
             return UNK
         if tp is cst.Dict:
             return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
+        if tp in (cst.ListComp, cst.GeneratorExp) and e.for_in.inner_for_in is None and not e.for_in.ifs and \
+                type(e.elt) is cst.Name and type(e.for_in.target) is cst.Name and e.elt.value == e.for_in.target.value:
+            # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
+            it = self.ev(e.for_in.iter, frame)
+            if isinstance(it, ListVal):
+                return ListVal(it.items)
+            if isinstance(it, Tensor):
+                return ListVal([it])
+            return UNK
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
