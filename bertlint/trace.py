@@ -240,6 +240,7 @@ class Trace:
     epochs_from: str = ""  # "loop" (an epoch loop), "call" (the loop's function, once per epoch), "once" (no epochs)
     sites: dict = field(default_factory=dict)  # the producer's nodes by role ("accumulate": the accumulate() calls)
     undecided_skip: bool = False  # a ``continue`` / ``break`` under a condition the run could not decide
+    driver: str = ""  # how the run called a function some caller outside the file drives ("`step()` called ...")
     after_loop: bool = False  # the statements after the loop ran at each epoch's end (the loop's function is one epoch)
 
     # ---------------------------------------------------------------- queries

@@ -165,10 +165,11 @@ _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_ligh
 
 
 class LoopRun:
-    def __init__(self, loop, traces: list, dr=None) -> None:
+    def __init__(self, loop, traces: list, dr=None, factor=None) -> None:
         self.loop = loop
         self.traces = traces
         self.dr = dr
+        self.factor = factor  # the accumulation factor found before the run (AccumFactor: text, value, source)
 
     def dr_fill(self, v, tr) -> None:
         """Source lines are looked up only for what is reported (positions cost as much as a parse)."""
@@ -234,7 +235,8 @@ class FileDryRun:
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
-                self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
+                traces, factor = _run_loop(self, loop)
+                self.runs.append(LoopRun(loop, traces, self, factor))
             except RecursionError:
                 self.runs.append(LoopRun(loop, [], self))
 
@@ -457,7 +459,8 @@ def _backward_style(f, call: cst.Call) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def _run_loop(dr: FileDryRun, loop) -> list:
+def _run_loop(dr: FileDryRun, loop) -> tuple:
+    """(traces, the accumulation factor found before the run or None)."""
     f = dr.f
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or loop.accum()
@@ -522,7 +525,7 @@ def _run_loop(dr: FileDryRun, loop) -> list:
                 tr.config = {**tr.config}
             traces.append(tr)
             done += 1
-    return traces
+    return traces, acc
 
 
 class ManualStep:
@@ -593,7 +596,44 @@ def _manual_steps(dr) -> list:
         out.append(ManualStep(dr, meth, cls))
     out.extend(_ignite_steps(dr))
     out.extend(_counter_methods(dr, {id(m.func) for m in out}))
+    out.extend(_index_param_fns(dr, {id(m.func) for m in out}))
     out.extend(_scaler_step_fns(dr, {id(m.func) for m in out}))
+    return out
+
+
+def _index_param_fns(dr, taken: set) -> list:
+    """Functions (methods) that backpropagate and step an optimizer under a gate on one of their own parameters
+    modulo the accumulation factor (``def step(self, loss, global_step): scaler.scale(loss).backward(); if
+    (global_step + 1) % self.grad_accum == 0: scaler.step(opt)``) and that no loop of this file calls: the caller
+    calls them once per micro-batch and hands in the micro-batch's index. The run calls them with that parameter
+    counting from 0, a configuration the findings state."""
+    out = []
+    f = dr.f
+    called = set()
+    for lp in f:
+        called.update(id(c) for c in lp.callees)
+    stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+    with_bw = {id(func): func for _, func in f.t.backward_calls if func is not None}
+    for fn in with_bw.values():
+        if id(fn) in taken or id(fn) in called or id(fn) in stepping or fn.name.value.startswith("__"):
+            continue
+        params = [p.name.value for p in list(fn.params.params) + list(fn.params.kwonly_params)]
+        idx = None
+        for n in _walk(fn.body):
+            if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo and \
+                    ACCUM_RE.search(dr.code(n.right)):
+                names = [x.value for x in _walk(n.left) if type(x) is cst.Name and x.value in params]
+                if len(names) == 1:
+                    idx = names[0]
+                    break
+        if idx is None or idx in ("self", "cls"):
+            continue
+        cls = f.class_of(fn)
+        if not _steps_somewhere(dr, fn, cls):
+            continue
+        m = ManualStep(dr, fn, cls, "index")
+        m.index = idx
+        out.append(m)
     return out
 
 
@@ -995,6 +1035,10 @@ class _Runner:
         params = [p.name.value for p in fn.params.params]
         idx_name = params[2] if kind == "lightning" and len(params) > 2 else None
         first = 1 if kind != "ignite" and params and params[0] in ("self", "cls") else 0
+        if kind == "index":
+            # every parameter is the caller's per-call value (``step == self.epoch_len - 1``): it changes between
+            # calls, so a condition on it is a frequency, never a configuration
+            self.loop_names = frozenset(self.loop_names) | frozenset(params[first:])
         self.in_micro += 1
         # a method with its own counter sees no epochs (one run of calls); a function handed the scaler is one update
         # per call (a few calls)
@@ -1010,6 +1054,8 @@ class _Runner:
                     frame.locals[nm] = UNK
                 if idx_name:
                     frame.locals[idx_name] = Num(k)
+                if kind == "index":
+                    frame.locals[self.loop.index] = Num(k)
                 if kind == "scaler_fn":
                     # each call is one update of gradients the caller produced through the scaler it hands in
                     self.scaled = self.scaler_on
@@ -1022,7 +1068,9 @@ class _Runner:
         self.in_micro -= 1
         self.trace.epochs = epochs
         self.trace.epoch_len = length
-        if kind in ("lightning", "method", "scaler_fn"):
+        if kind == "index":
+            self.trace.driver = f"`{fn.name.value}()` called once per micro-batch with `{self.loop.index}` = 0, 1, 2, …"
+        if kind in ("lightning", "method", "scaler_fn", "index"):
             # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
             # the call: no claim that it never does
             self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()

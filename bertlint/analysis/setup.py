@@ -1495,7 +1495,9 @@ class _Builder:
                 if cast:
                     info.cast, info.cast_node = cast, site.call
         for target, assigns in self.t.assignments.items():
-            if target in (f"{var}.config.use_cache",) and any(literal(a.value) is True for a in assigns):
+            if target in (f"{var}.config.use_cache",) and assigns and all(literal(a.value) is True for a in assigns):
+                # only a flag the file never sets otherwise: `use_cache = False` in the checkpointing arm and True in
+                # the other, or True restored after training, is managed per configuration, not left on
                 info.use_cache_true = assigns[0].node
             if target == f"{var}.config.is_decoder" and any(literal(a.value) is True for a in assigns):
                 info.is_decoder = True

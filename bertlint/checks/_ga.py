@@ -212,8 +212,13 @@ def n_shown_t(tr) -> str:
 
 def trace_note(tr) -> str:
     """How the dry run was made: ``dry run with N = 4 (a representative value for `args.ga`)``."""
+    drv = getattr(tr, "driver", "")
+    if drv:
+        drv = f"; dry run with {drv}"
     if tr.n is None:
-        return ""
+        return drv
+    if drv:
+        return drv + (f", N = {tr.n} standing for `{tr.n_text}`" if tr.n_source == "representative" else "")
     if tr.n_source == "representative":
         return f"; dry run with N = {tr.n} standing for `{tr.n_text}`"
     if tr.n_source == "other":

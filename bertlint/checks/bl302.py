@@ -76,6 +76,8 @@ def _handed_models(ctx, tv, reported: set) -> None:
         if not target.endswith(".config.use_cache"):
             continue
         owner = target[: -len(".config.use_cache")]
+        if any(literal(a.value) is not True for a in assigns):
+            continue  # the file also sets it otherwise (per configuration, or restored later): not left on
         for a in assigns:
             if id(a.node) in reported or literal(a.value) is not True or (owner, id(a.func)) not in enabled:
                 continue
