@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from dataclasses import dataclass
+from bertlint._dataclass import dataclass
 from typing import Callable, Optional
 
 from bertlint.types import Applicability, RuleMeta, Severity

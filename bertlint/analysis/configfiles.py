@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator, Optional
 

@@ -464,6 +464,8 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     f = dr.f
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or loop.accum()
+    if acc is None or _running(loop, acc):
+        acc = _counter_gate_factor(dr, loop) or acc
     if acc is None and getattr(loop, "owner", "") in ("accelerate", "accelerate-manual") and \
             not f.accelerator_calls and f.accelerator_ga is None and not f.accelerator_ga_unknown:
         sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
@@ -799,6 +801,29 @@ def _window_factor(dr, loop, window=None):
     if expr is None:
         return None
     return dr.f.factor(expr, "window", loop.func)
+
+
+def _running(loop, acc) -> bool:
+    """The factor is a name the loop itself assigns (``loss / accum_n_steps`` with ``accum_n_steps += 1``): a running
+    count, not the accumulation factor."""
+    return acc.expr is not None and dotted(acc.expr) in (getattr(loop, "assigned", None) or ())
+
+
+def _counter_gate_factor(dr, loop):
+    """The bound of a hand counter's step gate (``if accum_n_steps >= accum_grad_n_steps:`` with the counter advanced
+    and reset in the loop): the accumulation factor, read where the counter is compared with it."""
+    assigned = getattr(loop, "assigned", None) or set()
+    for n in _walk(loop.node):
+        if type(n) is not cst.Comparison or len(n.comparisons) != 1:
+            continue
+        op = type(n.comparisons[0].operator)
+        pairs = ((n.left, n.comparisons[0].comparator),) if op in (cst.GreaterThanEqual, cst.Equal) else \
+            ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
+        for cnt, bound in pairs:
+            c, b = dotted(cnt), dotted(bound)
+            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b):
+                return dr.f.factor(bound, "gate", loop.func)
+    return None
 
 
 def _callee_window(dr, loop):

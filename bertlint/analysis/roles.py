@@ -86,7 +86,7 @@ Example::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Any, Optional, Union
 
 import libcst as cst
