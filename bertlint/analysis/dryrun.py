@@ -2608,6 +2608,9 @@ def _ddp_fact(dr) -> Optional[tuple]:
         if len(outer) == 1 and len({ch[-1][1] for ch in chains}) == 2:
             return (True, "", "wrap")
         return (True, chains[0][0][2], "wrap")
+    sib = _sibling_ddp(dr)
+    if sib is not None:
+        return sib
     # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
     t = dr.f.t
     for d in t.defs:
@@ -2628,6 +2631,37 @@ def _ddp_fact(dr) -> Optional[tuple]:
         return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
                       f"`world-size`", "launch")
     return None
+
+
+def _is_ddp_q(q: str) -> bool:
+    return q.endswith("DistributedDataParallel") and q.startswith("torch")
+
+
+def _sibling_ddp(dr) -> Optional[tuple]:
+    """The model handed to a factory of a sibling module that wraps it in DistributedDataParallel and returns it
+    (``model, opt = distributed_opt(args, model, opt)``, ``bertlint.analysis.project``): ``(True, when, "wrap")``
+    as ``_ddp_fact`` gives it, the conditions read in the sibling and its file and line named."""
+    xp = project.for_module(dr.ctx.module)
+    if xp is None:
+        return None
+
+    def is_model(text: str) -> bool:
+        try:
+            return dr.roles is not None and dr.roles.role(text) in _MODEL_ROLES
+        except Exception:
+            return False
+
+    try:
+        hit = xp.wrapped_by_factory(_is_ddp_q, dr.f, is_model)
+    except Exception:
+        hit = None
+    if hit is None:
+        return None
+    call, conds, info, site = hit
+    at = project.where(call, info) or info.name
+    fname = dr.code(site.func)
+    by = f"by `{fname}` at {at}"
+    return (True, f"when {' and '.join(conds)}, {by}" if conds else by, "wrap")
 
 
 def _accelerate_plugin(dr) -> bool:
