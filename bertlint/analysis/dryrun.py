@@ -464,6 +464,8 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     f = dr.f
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or loop.accum()
+    if acc is None or _running(loop, acc):
+        acc = _counter_gate_factor(dr, loop) or acc
     if acc is None and getattr(loop, "owner", "") in ("accelerate", "accelerate-manual") and \
             not f.accelerator_calls and f.accelerator_ga is None and not f.accelerator_ga_unknown:
         sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
@@ -799,6 +801,29 @@ def _window_factor(dr, loop, window=None):
     if expr is None:
         return None
     return dr.f.factor(expr, "window", loop.func)
+
+
+def _running(loop, acc) -> bool:
+    """The factor is a name the loop itself assigns (``loss / accum_n_steps`` with ``accum_n_steps += 1``): a running
+    count, not the accumulation factor."""
+    return acc.expr is not None and dotted(acc.expr) in (getattr(loop, "assigned", None) or ())
+
+
+def _counter_gate_factor(dr, loop):
+    """The bound of a hand counter's step gate (``if accum_n_steps >= accum_grad_n_steps:`` with the counter advanced
+    and reset in the loop): the accumulation factor, read where the counter is compared with it."""
+    assigned = getattr(loop, "assigned", None) or set()
+    for n in _walk(loop.node):
+        if type(n) is not cst.Comparison or len(n.comparisons) != 1:
+            continue
+        op = type(n.comparisons[0].operator)
+        pairs = ((n.left, n.comparisons[0].comparator),) if op in (cst.GreaterThanEqual, cst.Equal) else \
+            ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
+        for cnt, bound in pairs:
+            c, b = dotted(cnt), dotted(bound)
+            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b):
+                return dr.f.factor(bound, "gate", loop.func)
+    return None
 
 
 def _callee_window(dr, loop):
@@ -1903,6 +1928,15 @@ class _Runner:
             return UNK
         if tp is cst.Dict:
             return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
+        if tp in (cst.ListComp, cst.GeneratorExp) and e.for_in.inner_for_in is None and not e.for_in.ifs and \
+                type(e.elt) is cst.Name and type(e.for_in.target) is cst.Name and e.elt.value == e.for_in.target.value:
+            # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
+            it = self.ev(e.for_in.iter, frame)
+            if isinstance(it, ListVal):
+                return ListVal(it.items)
+            if isinstance(it, Tensor):
+                return ListVal([it])
+            return UNK
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
@@ -2574,6 +2608,9 @@ def _ddp_fact(dr) -> Optional[tuple]:
         if len(outer) == 1 and len({ch[-1][1] for ch in chains}) == 2:
             return (True, "", "wrap")
         return (True, chains[0][0][2], "wrap")
+    sib = _sibling_ddp(dr)
+    if sib is not None:
+        return sib
     # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
     t = dr.f.t
     for d in t.defs:
@@ -2594,6 +2631,37 @@ def _ddp_fact(dr) -> Optional[tuple]:
         return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
                       f"`world-size`", "launch")
     return None
+
+
+def _is_ddp_q(q: str) -> bool:
+    return q.endswith("DistributedDataParallel") and q.startswith("torch")
+
+
+def _sibling_ddp(dr) -> Optional[tuple]:
+    """The model handed to a factory of a sibling module that wraps it in DistributedDataParallel and returns it
+    (``model, opt = distributed_opt(args, model, opt)``, ``bertlint.analysis.project``): ``(True, when, "wrap")``
+    as ``_ddp_fact`` gives it, the conditions read in the sibling and its file and line named."""
+    xp = project.for_module(dr.ctx.module)
+    if xp is None:
+        return None
+
+    def is_model(text: str) -> bool:
+        try:
+            return dr.roles is not None and dr.roles.role(text) in _MODEL_ROLES
+        except Exception:
+            return False
+
+    try:
+        hit = xp.wrapped_by_factory(_is_ddp_q, dr.f, is_model)
+    except Exception:
+        hit = None
+    if hit is None:
+        return None
+    call, conds, info, site = hit
+    at = project.where(call, info) or info.name
+    fname = dr.code(site.func)
+    by = f"by `{fname}` at {at}"
+    return (True, f"when {' and '.join(conds)}, {by}" if conds else by, "wrap")
 
 
 def _accelerate_plugin(dr) -> bool:
