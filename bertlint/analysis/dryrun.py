@@ -1168,7 +1168,7 @@ class _Runner:
             self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
             return [None] * count
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         tgt = node.target
         inner = it
         name = call_name(it) if isinstance(it, cst.Call) else None
@@ -1206,6 +1206,27 @@ class _Runner:
         self._loader = it
         return [None] * count
 
+    def _held_iter(self, it, frame):
+        """``pbar = enumerate(train_loader)`` (then ``pbar = tqdm(pbar, total=nb)``) and ``for i, b in pbar``: the
+        enumerate / range a variable of the function holds, when every assignment to it there is that call or a
+        wrapper of the variable itself; else the expression unchanged."""
+        if type(it) is not cst.Name or frame.func is None:
+            return it
+        found = None
+        for a in self.t.assignments_of(it.value, frame.func) or []:
+            if a.func is not frame.func or a.value is None:
+                continue
+            v = _unwrap_iter(a.value)
+            if isinstance(v, cst.Call) and (call_name(v) or "") in ("enumerate", "range"):
+                if found is not None and self.dr.code(found) != self.dr.code(v):
+                    return it
+                found = v
+                continue
+            if isinstance(v, cst.Call) and type(positional(v, 0)) is cst.Name and positional(v, 0).value == it.value:
+                continue  # ``pbar = tqdm(pbar, ...)``: the same iteration, wrapped
+            return it
+        return found if found is not None else it
+
     def _pin_default(self, expr, frame) -> None:
         """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
         integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
@@ -1233,7 +1254,7 @@ class _Runner:
         known to the dry run), ``range`` (a range of steps: how it relates to an epoch is not known), ``while``."""
         if not isinstance(node, cst.For):
             return "while"
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         if isinstance(it, cst.Call) and call_name(it) == "enumerate":
             tgt = node.target
             if isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements and isinstance(tgt.elements[0].value, cst.Name):
