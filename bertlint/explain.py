@@ -416,10 +416,12 @@ def explain_source(source: str, filename: str, settings=None, *, world_size: Opt
     for s in fs.setups:
         out["setups"].append(_explain_setup(ctx, fs, s, versions, world, world_src, world_known, seq_len, findings))
     try:
-        import bertlint.analysis.loops  # noqa: F401  (the loop analysis, when present)
+        from bertlint.analysis import dryrun
 
-        for lp in ctx.loops:
-            out["loops"].append(_explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len, out))
+        for run in dryrun.of(ctx):
+            if isinstance(run.loop, dryrun.ManualStep):
+                continue  # a function some driver calls per micro-batch (Lightning's training_step, ...): not a loop
+            out["loops"].append(_explain_loop(ctx, fs, run, versions, world, world_src, world_known, seq_len, out))
     except Exception:
         pass
     return out
@@ -471,8 +473,10 @@ def _loop_batch_size(ctx, lp) -> tuple[Optional[int], str]:
     return None, "no single DataLoader batch_size"
 
 
-def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_arg, out) -> dict:
-    acc = lp.accum() if hasattr(lp, "accum") else None
+def _explain_loop(ctx, fs, run, versions, world, world_src, world_known, seq_len_arg, out) -> dict:
+    """One training loop as its dry run saw it (``run``: a dryrun.LoopRun)."""
+    lp = run.loop
+    acc = run.factor
     row = ctx.span(lp.node)[0].row
     n = acc.value if acc is not None and acc.value is not None else (None if acc is not None else 1)
     b, b_src = _loop_batch_size(ctx, lp)
@@ -484,9 +488,8 @@ def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_
         "row": row,
         "accumulation": (acc.value if acc is not None and acc.value is not None else (acc.text if acc else None)),
         "accumulation_source": acc.source if acc is not None else None,
-        "optimizer_step": ("every micro-batch" if lp.step_ungated() else "once per window" if lp.step_gated()
-                           else "not in the loop") if hasattr(lp, "step_gated") else "unknown",
-        "loss_divided": bool(lp.loss_divisions()) if hasattr(lp, "loss_divisions") else None,
+        "optimizer_step": "unknown",  # what the dry run shows (below); unknown when it did not complete
+        "loss_divided": None,
         "micro_batch": {"value": b, "origin": b_src},
         "model": None if model is None else {"class": model.class_name or model.declared_class,
                                              "parameters": model.parameters,
@@ -494,10 +497,12 @@ def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_
         "findings": [f for f in out["findings"] if _in_node(ctx, lp.node, f["row"])],
     }
     try:
-        d["dry_run"] = loop_timeline(ctx, lp, b)
+        d["dry_run"] = loop_timeline(ctx, run, b)
     except Exception:  # the timeline is an extra: never break explain
         d["dry_run"] = None
     dr = d["dry_run"]
+    if dr and "drives another training loop" in (dr.get("notes") or []):
+        d["optimizer_step"] = "in the training loop it calls (its own entry)"
     if dr and dr.get("complete"):
         # one model: the header states what the dry run found (the trace), not a second reading of the loop
         if dr.get("n") is not None:
@@ -541,12 +546,14 @@ def _explain_loop(ctx, fs, lp, versions, world, world_src, world_known, seq_len_
 # (owned by the loop analysis: bertlint/analysis/dryrun.py, bertlint/trace.py)
 
 
-def loop_timeline(ctx, lp, micro_batch: Optional[int] = None, limit: int = 12) -> Optional[dict]:
-    """The dry run of one loop as a short micro-batch timeline: which calls run on which micro-batch, the loss
-    scale, when the optimizer really steps, and the effective batch that implies."""
+def loop_timeline(ctx, run, micro_batch: Optional[int] = None, limit: int = 12) -> Optional[dict]:
+    """The dry run of one loop (``run``: a dryrun.LoopRun, or the loop it ran) as a short micro-batch timeline:
+    which calls run on which micro-batch, the loss scale, when the optimizer really steps, and the effective batch
+    that implies."""
     from bertlint.analysis import dryrun
 
-    run = dryrun.of(ctx).run_of(lp)
+    if not isinstance(run, dryrun.LoopRun):
+        run = dryrun.of(ctx).run_of(run)
     if run is None:
         return None
     traces = [t for t in run.traces if t.complete and t.events]

@@ -173,3 +173,26 @@ def test_reads_tells_which_siblings_a_lint_read(tmp_path):
     _codes(str(tmp_path / "train.py"))
     assert project.reads(str(tmp_path / "train.py"), str(tmp_path / "steps.py"))
     assert not project.reads(str(tmp_path / "train.py"), str(tmp_path / "other.py"))
+
+
+def test_class_family_follows_a_base_class_in_a_sibling(tmp_path):
+    # roles.class_family: a LightningModule / Trainer subclass whose base is a class of a sibling module
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "base_module.py": "import lightning as L\nfrom transformers import Trainer\n\n\n"
+                          "class BaseModule(L.LightningModule):\n    pass\n\n\nclass BaseTrainer(Trainer):\n    pass\n",
+        "train.py": "from base_module import BaseModule, BaseTrainer\n\n\nclass Net(BaseModule):\n    pass\n\n\n"
+                    "class MyTrainer(BaseTrainer):\n    pass\n\n\nclass Other(Unknown):\n    pass\n",
+    })
+    import libcst as cst
+
+    from bertlint.context import FileContext
+
+    path = str(tmp_path / "train.py")
+    src = open(path).read()
+    ctx = FileContext(path, src, cst.parse_module(src), None)
+    cls = ctx.symbols.classes
+    assert ctx.roles.class_family(cls["Net"]) == "lightning_module"
+    assert ctx.roles.class_base(cls["Net"]) == "lightning.LightningModule"
+    assert ctx.roles.class_family(cls["MyTrainer"]) == "trainer"
+    assert ctx.roles.class_family(cls["Other"]) is None

@@ -165,10 +165,11 @@ _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_ligh
 
 
 class LoopRun:
-    def __init__(self, loop, traces: list, dr=None) -> None:
+    def __init__(self, loop, traces: list, dr=None, factor=None) -> None:
         self.loop = loop
         self.traces = traces
         self.dr = dr
+        self.factor = factor  # the accumulation factor found before the run (AccumFactor: text, value, source)
 
     def dr_fill(self, v, tr) -> None:
         """Source lines are looked up only for what is reported (positions cost as much as a parse)."""
@@ -234,7 +235,8 @@ class FileDryRun:
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
-                self.runs.append(LoopRun(loop, _run_loop(self, loop), self))
+                traces, factor = _run_loop(self, loop)
+                self.runs.append(LoopRun(loop, traces, self, factor))
             except RecursionError:
                 self.runs.append(LoopRun(loop, [], self))
 
@@ -457,10 +459,13 @@ def _backward_style(f, call: cst.Call) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def _run_loop(dr: FileDryRun, loop) -> list:
+def _run_loop(dr: FileDryRun, loop) -> tuple:
+    """(traces, the accumulation factor found before the run or None)."""
     f = dr.f
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or loop.accum()
+    if acc is None or _running(loop, acc):
+        acc = _counter_gate_factor(dr, loop) or acc
     if acc is None and getattr(loop, "owner", "") in ("accelerate", "accelerate-manual") and \
             not f.accelerator_calls and f.accelerator_ga is None and not f.accelerator_ga_unknown:
         sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
@@ -522,7 +527,7 @@ def _run_loop(dr: FileDryRun, loop) -> list:
                 tr.config = {**tr.config}
             traces.append(tr)
             done += 1
-    return traces
+    return traces, acc
 
 
 class ManualStep:
@@ -796,6 +801,29 @@ def _window_factor(dr, loop, window=None):
     if expr is None:
         return None
     return dr.f.factor(expr, "window", loop.func)
+
+
+def _running(loop, acc) -> bool:
+    """The factor is a name the loop itself assigns (``loss / accum_n_steps`` with ``accum_n_steps += 1``): a running
+    count, not the accumulation factor."""
+    return acc.expr is not None and dotted(acc.expr) in (getattr(loop, "assigned", None) or ())
+
+
+def _counter_gate_factor(dr, loop):
+    """The bound of a hand counter's step gate (``if accum_n_steps >= accum_grad_n_steps:`` with the counter advanced
+    and reset in the loop): the accumulation factor, read where the counter is compared with it."""
+    assigned = getattr(loop, "assigned", None) or set()
+    for n in _walk(loop.node):
+        if type(n) is not cst.Comparison or len(n.comparisons) != 1:
+            continue
+        op = type(n.comparisons[0].operator)
+        pairs = ((n.left, n.comparisons[0].comparator),) if op in (cst.GreaterThanEqual, cst.Equal) else \
+            ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
+        for cnt, bound in pairs:
+            c, b = dotted(cnt), dotted(bound)
+            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b):
+                return dr.f.factor(bound, "gate", loop.func)
+    return None
 
 
 def _callee_window(dr, loop):
@@ -1140,7 +1168,7 @@ class _Runner:
             self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
             return [None] * count
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         tgt = node.target
         inner = it
         name = call_name(it) if isinstance(it, cst.Call) else None
@@ -1178,6 +1206,27 @@ class _Runner:
         self._loader = it
         return [None] * count
 
+    def _held_iter(self, it, frame):
+        """``pbar = enumerate(train_loader)`` (then ``pbar = tqdm(pbar, total=nb)``) and ``for i, b in pbar``: the
+        enumerate / range a variable of the function holds, when every assignment to it there is that call or a
+        wrapper of the variable itself; else the expression unchanged."""
+        if type(it) is not cst.Name or frame.func is None:
+            return it
+        found = None
+        for a in self.t.assignments_of(it.value, frame.func) or []:
+            if a.func is not frame.func or a.value is None:
+                continue
+            v = _unwrap_iter(a.value)
+            if isinstance(v, cst.Call) and (call_name(v) or "") in ("enumerate", "range"):
+                if found is not None and self.dr.code(found) != self.dr.code(v):
+                    return it
+                found = v
+                continue
+            if isinstance(v, cst.Call) and type(positional(v, 0)) is cst.Name and positional(v, 0).value == it.value:
+                continue  # ``pbar = tqdm(pbar, ...)``: the same iteration, wrapped
+            return it
+        return found if found is not None else it
+
     def _pin_default(self, expr, frame) -> None:
         """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
         integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
@@ -1205,7 +1254,7 @@ class _Runner:
         known to the dry run), ``range`` (a range of steps: how it relates to an epoch is not known), ``while``."""
         if not isinstance(node, cst.For):
             return "while"
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         if isinstance(it, cst.Call) and call_name(it) == "enumerate":
             tgt = node.target
             if isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements and isinstance(tgt.elements[0].value, cst.Name):
@@ -1900,6 +1949,15 @@ class _Runner:
             return UNK
         if tp is cst.Dict:
             return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
+        if tp in (cst.ListComp, cst.GeneratorExp) and e.for_in.inner_for_in is None and not e.for_in.ifs and \
+                type(e.elt) is cst.Name and type(e.for_in.target) is cst.Name and e.elt.value == e.for_in.target.value:
+            # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
+            it = self.ev(e.for_in.iter, frame)
+            if isinstance(it, ListVal):
+                return ListVal(it.items)
+            if isinstance(it, Tensor):
+                return ListVal([it])
+            return UNK
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
@@ -2575,6 +2633,9 @@ def _ddp_fact(dr) -> Optional[tuple]:
         if len(outer) == 1 and len({ch[-1][1] for ch in chains}) == 2:
             return (True, "", "wrap")
         return (True, chains[0][0][2], "wrap")
+    sib = _sibling_ddp(dr)
+    if sib is not None:
+        return sib
     # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
     t = dr.f.t
     for d in t.defs:
@@ -2613,6 +2674,37 @@ def _accelerate_deepspeed(dr) -> bool:
                 memo = False
         dr.__dict__["_acc_ds"] = memo
     return memo
+
+
+def _is_ddp_q(q: str) -> bool:
+    return q.endswith("DistributedDataParallel") and q.startswith("torch")
+
+
+def _sibling_ddp(dr) -> Optional[tuple]:
+    """The model handed to a factory of a sibling module that wraps it in DistributedDataParallel and returns it
+    (``model, opt = distributed_opt(args, model, opt)``, ``bertlint.analysis.project``): ``(True, when, "wrap")``
+    as ``_ddp_fact`` gives it, the conditions read in the sibling and its file and line named."""
+    xp = project.for_module(dr.ctx.module)
+    if xp is None:
+        return None
+
+    def is_model(text: str) -> bool:
+        try:
+            return dr.roles is not None and dr.roles.role(text) in _MODEL_ROLES
+        except Exception:
+            return False
+
+    try:
+        hit = xp.wrapped_by_factory(_is_ddp_q, dr.f, is_model)
+    except Exception:
+        hit = None
+    if hit is None:
+        return None
+    call, conds, info, site = hit
+    at = project.where(call, info) or info.name
+    fname = dr.code(site.func)
+    by = f"by `{fname}` at {at}"
+    return (True, f"when {' and '.join(conds)}, {by}" if conds else by, "wrap")
 
 
 def _accelerate_plugin(dr) -> bool:

@@ -638,6 +638,43 @@ class Project:
         self._memo[key] = res
         return res
 
+    def wrapped_by_factory(self, qual_ok, loops, is_model) -> Optional[tuple]:
+        """A model the linted file hands to a sibling's factory that wraps it and hands it back
+        (``model, opt = distributed_opt(args, model, opt)`` whose body returns ``DistributedDataParallel(model)``):
+        ``(wrapping Call in the sibling, [condition texts it runs under, outermost first], ModuleInfo, site Call)``.
+        ``qual_ok(qualname)`` says which constructor wraps; ``is_model(expr text)``, which argument is a model.
+        None when no such factory is seen."""
+        if not self.enabled:
+            return None
+        key = ("wrap", id(qual_ok))
+        if key in self._memo:
+            return self._memo[key]
+        self._memo[key] = None
+        res = None
+        pairs = [(target, a.value) for target, assigns in loops.t.assignments.items() for a in assigns]
+        pairs += [(n, call) for names, call, _ in getattr(loops.t, "unpacks", ()) for n in names if n]
+        for target, c in pairs:
+            if True:
+                if not isinstance(c, cst.Call):
+                    continue
+                cn = _dotted(c.func)
+                if cn is None or cn.split(".")[0] not in self.scope.imports:
+                    continue
+                args = [_code(x.value) for x in c.args if not x.star]
+                if not (target in args or any(is_model(t) for t in args)):
+                    continue  # the factory is not handed the model it gives back
+                tg = self.resolve(cn)
+                if tg is None or tg.kind != "function":
+                    continue
+                hit = _returned_wrap(tg.node, tg.info, qual_ok)
+                if hit is not None:
+                    res = (hit[0], hit[1], tg.info, c)
+                    break
+            if res is not None:
+                break
+        self._memo[key] = res
+        return res
+
     def base_class(self, cls: cst.ClassDef, loops) -> Optional[Target]:
         """The first base of a linted-file class that is a class of a sibling module (None otherwise)."""
         for b in cls.bases:
@@ -815,6 +852,58 @@ def _returned_constructor(fn: cst.FunctionDef, info: ModuleInfo, names: tuple) -
         else:
             return None
     return found[0] if len(found) == 1 else None
+
+
+def _returned_wrap(fn: cst.FunctionDef, info: ModuleInfo, qual_ok) -> Optional[tuple]:
+    """(wrapping Call, [condition texts]) of a sibling function that returns (alone or in a tuple) the result of
+    a wrapping constructor ``qual_ok`` accepts, directly or through a name it assigns."""
+    try:
+        sym = info.symbols
+    except Exception:
+        return None
+    returned: set = set()
+    ret_calls: list = []
+    wraps: list = []  # (call, assigned name | None, conditions)
+
+    def visit(stmts, conds):
+        for st in stmts:
+            if isinstance(st, cst.If):
+                c = _code(st.test)
+                visit(_body(st.body), conds + [f"`{c}`"])
+                orelse = st.orelse
+                neg = [f"not `{c}`"]
+                while isinstance(orelse, cst.If):  # elif chains
+                    c2 = _code(orelse.test)
+                    visit(_body(orelse.body), conds + neg + [f"`{c2}`"])
+                    neg = neg + [f"not `{c2}`"]
+                    orelse = orelse.orelse
+                if orelse is not None:
+                    visit(_body(orelse.body), conds + neg)
+            elif isinstance(st, (cst.For, cst.While, cst.With, cst.Try)):
+                visit(_body(st.body), conds + ["(inside a block)"])
+            elif isinstance(st, cst.SimpleStatementLine):
+                for sm in st.body:
+                    if isinstance(sm, cst.Return) and sm.value is not None:
+                        vals = sm.value.elements if isinstance(sm.value, cst.Tuple) else [sm.value]
+                        for v in vals:
+                            e = getattr(v, "value", v)
+                            if isinstance(e, cst.Name):
+                                returned.add(e.value)
+                            elif isinstance(e, cst.Call):
+                                ret_calls.append((e, conds))
+                    elif isinstance(sm, cst.Assign) and isinstance(sm.value, cst.Call) and len(sm.targets) == 1 \
+                            and isinstance(sm.targets[0].target, cst.Name):
+                        wraps.append((sm.value, sm.targets[0].target.value, conds))
+
+    visit(_body(fn.body), [])
+    for call, name, conds in wraps + [(c, None, cd) for c, cd in ret_calls]:
+        if not qual_ok(sym.qualname(call.func) or ""):
+            continue
+        if name is None or name in returned:
+            if "(inside a block)" in conds:
+                return None  # under a loop / with / try: not read
+            return call, conds
+    return None
 
 
 def _code(node) -> str:

@@ -86,7 +86,7 @@ Example::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Any, Optional, Union
 
 import libcst as cst
@@ -1737,10 +1737,23 @@ class Roles:
             elif q:
                 fam = _family_of_qualname(q)
                 res = (fam, q) if fam else (None, None)
+                if fam is None and self.__dict__.get("xp") is not None:
+                    res = self._sibling_class_info(d, depth)
             if res[0] is not None:
                 break
         self._family[id(cls)] = res
         return res
+
+    def _sibling_class_info(self, dotted_base: str, depth: int) -> tuple[Optional[str], Optional[str]]:
+        """(family, framework base) of a base class defined in a sibling module (``bertlint.analysis.project``):
+        its own bases are read there, with that module's imports; (None, None) when it cannot be read."""
+        try:
+            tg = self.xp.resolve(dotted_base)
+            if tg is None or tg.kind != "class":
+                return (None, None)
+            return tg.info.roles._class_info(tg.node, depth + 1)
+        except Exception:
+            return (None, None)
 
 
 @dataclass(frozen=True)
@@ -1898,7 +1911,15 @@ def _code(node: cst.CSTNode) -> str:
 def build(ctx_or_table) -> Roles:
     """``roles.build(ctx)`` (or a SymbolTable)."""
     t = ctx_or_table if isinstance(ctx_or_table, SymbolTable) else ctx_or_table.symbols
-    return Roles(t)
+    r = Roles(t)
+    if not isinstance(ctx_or_table, SymbolTable):
+        try:  # a base class imported from a sibling module of the project is followed there
+            from bertlint.analysis import project
+
+            r.xp = project.of(ctx_or_table)
+        except Exception:
+            pass
+    return r
 
 
 def _main(argv: Optional[list] = None) -> int:

@@ -28,7 +28,7 @@ def check(ctx) -> None:
         length, _call = _ga.sched_length(f, e.target)
         if length is None:
             continue
-        acc = run.loop.accum()
+        acc = run.factor
         units = f.units_of(length, run.loop.func, acc.text if acc is not None else None)
         if units != "optimizer-steps":
             continue

@@ -256,38 +256,69 @@ def _micro_batch_count(ctx, expr, func, micro: set, accum: set) -> bool:
 
 
 def _loops(ctx) -> None:
+    """From the dry run: a hand counter that advances exactly on the micro-batches where the optimizer really steps
+    (it counts optimizer steps), in a loop whose windows hold N > 1 backwards."""
+    from bertlint.analysis import dryrun
+    from bertlint.checks import _ga
+
     try:
-        loops = list(ctx.loops)
-    except Exception:  # noqa: BLE001 - the loop model is optional here
+        runs = list(dryrun.of(ctx))
+    except Exception:  # noqa: BLE001 - the dry run is optional here
         return
-    for lp in loops:
-        if getattr(lp, "owner", "plain") not in ("plain", "fabric") or not lp.step_gated():
+    for run in runs:
+        lp = run.loop
+        tr = next((t for t in run.traces if _steps_per_window(t)), None)
+        if tr is None:
             continue
-        acc = lp.accum()
-        if acc is None or acc.is_more_than_one() is False:
-            continue
-        counters = [c for c in lp.counters if not c.per_micro_batch and c.name and "." not in c.name]
-        if not counters:
-            continue
+        acc = _Acc(tr)
         micro = _micro_names(ctx, lp, acc)
         accum = _accum_names(ctx, lp, acc)
         seen = set()
-        for c in counters:
-            for node, other in _uses(ctx, lp.node, c.name):
+        for name in _step_counters(tr):
+            for node, other in _uses(ctx, lp.node, name):
                 o = code_of(other).strip()
-                if (c.name, o) in seen:
+                if (name, o) in seen:
                     continue  # one report per counter and length (the warmup test and its division)
                 if not _micro_batch_count(ctx, other, lp.func, micro, accum):
                     continue
-                seen.add((c.name, o))
+                seen.add((name, o))
                 ctx.report(
                     node,
-                    f"`{code_of(node).strip()}` mixes units: `{c.name}` advances once per optimizer step (it is "
-                    f"incremented with the step, which runs once per {acc.shown} micro-batches), but `{o}` is counted "
-                    f"in micro-batches ({_expr_text(ctx, other, lp.func)[:120].strip()}), so the schedule is {acc.n}× "
-                    f"too long in optimizer steps. Fix: divide `{o}` by the accumulation {acc.shown}, or compare it "
-                    f"with the micro-batch index.",
+                    f"`{code_of(node).strip()}` mixes units: `{name}` advances once per optimizer step (it is "
+                    f"incremented with the step, which runs once per {_ga.n_shown_t(tr)} micro-batches), but `{o}` is "
+                    f"counted in micro-batches ({_expr_text(ctx, other, lp.func)[:120].strip()}), so the schedule is "
+                    f"{_ga.n_of(tr)}× too long in optimizer steps. Fix: divide `{o}` by the accumulation "
+                    f"{_ga.n_shown_t(tr)}, or compare it with the micro-batch index.",
                 )
+
+
+class _Acc:
+    """The accumulation factor as the dry run ran it (its text names the definition followed above)."""
+
+    def __init__(self, tr) -> None:
+        self.text = tr.n_text
+
+
+def _steps_per_window(tr) -> bool:
+    """A complete hand-written (plain / Fabric) run with N > 1 whose optimizer steps once per window: a
+    window of N backwards closed by an effective step."""
+    if not tr.complete or tr.owner not in ("plain", "fabric") or not tr.n or tr.n <= 1 or tr.n_source == "N = 1":
+        return False
+    wins = tr.window_structure()
+    if not wins:
+        return False
+    return any(len(w.backwards) == tr.n for w in wins)
+
+
+def _step_counters(tr) -> list:
+    """Plain names of hand counters (``step_count += 1``) advanced on exactly the micro-batches of the effective
+    optimizer steps."""
+    step_mbs = [e.mb for e in tr.effective_steps()]
+    by: dict = {}
+    for e in tr.of("counter"):
+        if e.via == "hand" and e.target and "." not in e.target and e.certain:
+            by.setdefault(e.target, []).append(e.mb)
+    return [name for name, mbs in by.items() if mbs == step_mbs and len(mbs) < tr.micro_batches]
 
 
 def _uses(ctx, loop_node, name: str):

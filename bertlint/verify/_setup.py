@@ -59,11 +59,13 @@ def static_setup(path: str, source: str, settings=None) -> Optional[dict]:
                                    "TrainingArguments fp16/bf16" if a else "unknown"),
                 "world_size": ws}
     try:
-        loops = list(ctx.loops)
+        from bertlint.analysis import dryrun
+
+        runs = [r for r in dryrun.of(ctx) if not isinstance(r.loop, dryrun.ManualStep)]
     except Exception:  # noqa: BLE001
-        loops = []
-    for lp in loops:
-        acc = lp.accum() if hasattr(lp, "accum") else None
+        runs = []
+    for run in runs:
+        lp, acc = run.loop, run.factor
         if acc is not None:
             n = _fact(acc.value if acc.value is not None else None,
                       f"`{acc.text}` ({acc.source})" if acc.value is None or acc.text != str(acc.value)
