@@ -2206,6 +2206,10 @@ class _Runner:
         if attr == "zero_grad":
             if rkind in ("optimizer", "ds_optimizer"):
                 eff, why = self._prepared_effect(recv)
+                if eff is not False and recv is not None and recv in f.prepared and _accelerate_deepspeed(self.dr):
+                    # accelerate 1.15 utils/deepspeed.py DeepSpeedOptimizerWrapper.zero_grad: `pass` — the engine's
+                    # step (run by accelerator.backward on the sync step) clears the gradients itself
+                    eff, why = False, "a no-op under accelerate's DeepSpeed (the engine clears the gradients)"
                 self.emit("zero_grad", call, opt=recv or "", of="optimizer", effective=eff, why=why, confident=conf,
                           via="ds" if rkind == "ds_optimizer" else "")
             elif rkind == "engine":
@@ -2662,6 +2666,24 @@ def _ddp_fact(dr) -> Optional[tuple]:
         return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
                       f"`world-size`", "launch")
     return None
+
+
+def _accelerate_deepspeed(dr) -> bool:
+    """accelerate runs the script under DeepSpeed: a ``DeepSpeedPlugin`` in the code, every accelerate launcher
+    config beside the script with ``distributed_type: DEEPSPEED``, or a script written for it (``DummyOptim``);
+    the prepared optimizer is then accelerate's ``DeepSpeedOptimizerWrapper``."""
+    memo = dr.__dict__.get("_acc_ds")
+    if memo is None:
+        memo = dr.f.accelerator_deepspeed is not None
+        if not memo:
+            try:
+                from bertlint.analysis.configfiles import deepspeed_enabled_for
+
+                memo = deepspeed_enabled_for(dr.ctx)[0] is True
+            except Exception:
+                memo = False
+        dr.__dict__["_acc_ds"] = memo
+    return memo
 
 
 def _is_ddp_q(q: str) -> bool:
