@@ -359,14 +359,15 @@ def _note(path: str) -> None:
 class Scope:
     """Where imports are resolved from: a directory, the project root, the imports, the hops used so far."""
 
-    __slots__ = ("path", "dir", "root", "imports", "hops")
+    __slots__ = ("path", "dir", "root", "imports", "hops", "linted")
 
-    def __init__(self, path: str, root: Optional[str], imports: dict, hops: int) -> None:
+    def __init__(self, path: str, root: Optional[str], imports: dict, hops: int, linted: str = "") -> None:
         self.path = path
         self.dir = os.path.dirname(path)
         self.root = root
         self.imports = imports
         self.hops = hops
+        self.linted = linted or path  # the linted file: never read back as a sibling (an import cycle)
 
 
 def _inside(path: str, top: str) -> bool:
@@ -408,7 +409,7 @@ def _module_target(scope: Scope, dotted_name: str, level: int) -> Optional[Targe
     if scope.hops >= MAX_HOPS:
         return None
     p = find_module(scope, dotted_name, level)
-    if p is None or p == os.path.abspath(scope.path):
+    if p is None or p == os.path.abspath(scope.path) or p == os.path.abspath(scope.linted):
         return None
     if _READING is not None:
         _READING.add(p)
@@ -432,7 +433,7 @@ def _member(t: Target, name: str, scope: Scope, seen: set) -> Optional[Target]:
     cls = info.cls(name)
     if cls is not None:
         return Target("class", cls, info)
-    sub_scope = Scope(info.path, scope.root, info.imports, scope.hops + 1)
+    sub_scope = Scope(info.path, scope.root, info.imports, scope.hops + 1, scope.linted)
     if name in info.imports and (info.path, name) not in seen:  # re-exported: one more hop
         seen.add((info.path, name))
         return _resolve_local(sub_scope, name, seen)
@@ -521,7 +522,7 @@ class Project:
                 for p in dotted_name.split(".")[1:]:
                     t = _member(t, p, scope, set()) if t is not None else None
             else:
-                t = resolve_in(Scope(info.path, scope.root, info.imports, 1), dotted_name)
+                t = resolve_in(Scope(info.path, scope.root, info.imports, 1, self.path), dotted_name)
         else:
             if dotted_name.split(".")[0] not in scope.imports:
                 self._memo[key] = None
