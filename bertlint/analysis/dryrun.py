@@ -1168,7 +1168,7 @@ class _Runner:
             self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
             return [None] * count
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         tgt = node.target
         inner = it
         name = call_name(it) if isinstance(it, cst.Call) else None
@@ -1206,6 +1206,27 @@ class _Runner:
         self._loader = it
         return [None] * count
 
+    def _held_iter(self, it, frame):
+        """``pbar = enumerate(train_loader)`` (then ``pbar = tqdm(pbar, total=nb)``) and ``for i, b in pbar``: the
+        enumerate / range a variable of the function holds, when every assignment to it there is that call or a
+        wrapper of the variable itself; else the expression unchanged."""
+        if type(it) is not cst.Name or frame.func is None:
+            return it
+        found = None
+        for a in self.t.assignments_of(it.value, frame.func) or []:
+            if a.func is not frame.func or a.value is None:
+                continue
+            v = _unwrap_iter(a.value)
+            if isinstance(v, cst.Call) and (call_name(v) or "") in ("enumerate", "range"):
+                if found is not None and self.dr.code(found) != self.dr.code(v):
+                    return it
+                found = v
+                continue
+            if isinstance(v, cst.Call) and type(positional(v, 0)) is cst.Name and positional(v, 0).value == it.value:
+                continue  # ``pbar = tqdm(pbar, ...)``: the same iteration, wrapped
+            return it
+        return found if found is not None else it
+
     def _pin_default(self, expr, frame) -> None:
         """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
         integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
@@ -1233,7 +1254,7 @@ class _Runner:
         known to the dry run), ``range`` (a range of steps: how it relates to an epoch is not known), ``while``."""
         if not isinstance(node, cst.For):
             return "while"
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         if isinstance(it, cst.Call) and call_name(it) == "enumerate":
             tgt = node.target
             if isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements and isinstance(tgt.elements[0].value, cst.Name):
@@ -1932,6 +1953,15 @@ class _Runner:
             return UNK
         if tp is cst.Dict:
             return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
+        if tp in (cst.ListComp, cst.GeneratorExp) and e.for_in.inner_for_in is None and not e.for_in.ifs and \
+                type(e.elt) is cst.Name and type(e.for_in.target) is cst.Name and e.elt.value == e.for_in.target.value:
+            # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
+            it = self.ev(e.for_in.iter, frame)
+            if isinstance(it, ListVal):
+                return ListVal(it.items)
+            if isinstance(it, Tensor):
+                return ListVal([it])
+            return UNK
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
@@ -2177,6 +2207,10 @@ class _Runner:
         if attr == "zero_grad":
             if rkind in ("optimizer", "ds_optimizer"):
                 eff, why = self._prepared_effect(recv)
+                if eff is not False and recv is not None and recv in f.prepared and _accelerate_deepspeed(self.dr):
+                    # accelerate 1.15 utils/deepspeed.py DeepSpeedOptimizerWrapper.zero_grad: `pass` — the engine's
+                    # step (run by accelerator.backward on the sync step) clears the gradients itself
+                    eff, why = False, "a no-op under accelerate's DeepSpeed (the engine clears the gradients)"
                 self.emit("zero_grad", call, opt=recv or "", of="optimizer", effective=eff, why=why, confident=conf,
                           via="ds" if rkind == "ds_optimizer" else "")
             elif rkind == "engine":
@@ -2632,6 +2666,24 @@ def _ddp_fact(dr) -> Optional[tuple]:
         return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
                       f"`world-size`", "launch")
     return None
+
+
+def _accelerate_deepspeed(dr) -> bool:
+    """accelerate runs the script under DeepSpeed: a ``DeepSpeedPlugin`` in the code, every accelerate launcher
+    config beside the script with ``distributed_type: DEEPSPEED``, or a script written for it (``DummyOptim``);
+    the prepared optimizer is then accelerate's ``DeepSpeedOptimizerWrapper``."""
+    memo = dr.__dict__.get("_acc_ds")
+    if memo is None:
+        memo = dr.f.accelerator_deepspeed is not None
+        if not memo:
+            try:
+                from bertlint.analysis.configfiles import deepspeed_enabled_for
+
+                memo = deepspeed_enabled_for(dr.ctx)[0] is True
+            except Exception:
+                memo = False
+        dr.__dict__["_acc_ds"] = memo
+    return memo
 
 
 def _is_ddp_q(q: str) -> bool:

@@ -59,6 +59,11 @@ _NOT_MODEL_TOKENS = {
     "id", "ids", "file", "files", "class", "cls", "fn", "func", "inputs", "outputs", "output", "str", "url", "key",
     "card", "size", "version", "state", "dict", "info", "params", "parameters", "tokenizer", "output_dir",
     "checkpoint", "ckpt", "registry", "factory", "builder", "list",
+    # verbs and serialisers: a call named for an action on a model, or pydantic's BaseModel methods
+    # (`trainer.save_model(...)`, `accelerator.unwrap_model(...)`, `get_model()`, `resp.model_dump_json()`), is no
+    # forward of a model
+    "save", "load", "dump", "json", "schema", "validate", "build", "get", "create", "make", "unwrap", "wrap",
+    "prepare", "freeze", "unfreeze", "print", "log", "export", "push", "upload", "download", "resize", "summary",
 }
 
 _MODEL_CTOR = re.compile(

@@ -45,7 +45,7 @@ accumulation factor N (``accum()``), the loop's owner and index, ``units_of``. I
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Iterator, Optional, Union
 
 import libcst as cst
