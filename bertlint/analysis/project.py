@@ -480,6 +480,7 @@ class Project:
             os.environ.get("BERTLINT_NO_PROJECT") is None
         self._scope: Optional[Scope] = None
         self._memo: dict = {}
+        self._calls: dict = {}
         self.read: set = set()  # the sibling files this lint looked at
         if self.path:
             _READERS[self.path] = self.read
@@ -540,9 +541,15 @@ class Project:
         return info.method_class.get(id(func)) if info is not None else None
 
     def callee(self, call: cst.Call, func, cls, loops) -> Optional[cst.FunctionDef]:
+        key = (id(call), id(func), id(cls))
+        memo = self._calls
+        hit = memo.get(key)
+        if hit is not None and hit[0] is call:
+            return hit[1]  # (the dry run asks again on every micro-batch of every configuration)
         fn = self._callee(call, func, cls, loops)
         if fn is not None and owns_training_loop(fn):
-            return None  # the sibling's own training loop: reported when that file is linted, never twice
+            fn = None  # the sibling's own training loop: reported when that file is linted, never twice
+        memo[key] = (call, fn)
         return fn
 
     def _callee(self, call: cst.Call, func, cls, loops) -> Optional[cst.FunctionDef]:
