@@ -486,6 +486,23 @@ class Project:
             _READERS[self.path] = self.read
 
     @property
+    def has_siblings(self) -> bool:
+        """Does any import of the linted file name a module of the project (one look per import, cached)? When
+        none does, every question here is answered at once."""
+        v = self.__dict__.get("_has_sib")
+        if v is None:
+            v = False
+            if self.enabled:
+                sc = self.scope
+                for mod, level, attr in sc.imports.values():
+                    if find_module(sc, mod, level) is not None or (
+                            attr and find_module(sc, f"{mod}.{attr}" if mod else attr, level) is not None):
+                        v = True
+                        break
+            self._has_sib = v
+        return v
+
+    @property
     def scope(self) -> Scope:
         if self._scope is None:
             d = os.path.dirname(self.path)
@@ -503,7 +520,7 @@ class Project:
     def _resolve(self, dotted_name: Optional[str], in_def=None, info: Optional[ModuleInfo] = None) -> Optional[Target]:
         """What a name (``f``, ``tu.f``, ``Cls``) refers to in the project: seen from the linted file, or from
         the sibling module holding ``in_def`` (a foreign function / class). None: not a sibling's definition."""
-        if not self.enabled or not dotted_name:
+        if not dotted_name or not self.has_siblings:
             return None
         scope = self.scope
         if info is None and in_def is not None:
@@ -541,6 +558,8 @@ class Project:
         return info.method_class.get(id(func)) if info is not None else None
 
     def callee(self, call: cst.Call, func, cls, loops) -> Optional[cst.FunctionDef]:
+        if not self.has_siblings:
+            return None
         key = (id(call), id(func), id(cls))
         memo = self._calls
         hit = memo.get(key)
@@ -610,7 +629,7 @@ class Project:
         train_util.prepare_accelerator(args)``): ``(constructor Call in the sibling, {param: caller's argument
         text}, sibling ModuleInfo, target name)`` when every binding of the target comes from such a factory whose
         ``return`` hands back a constructor with qualified name in ``names``; None otherwise (unknown)."""
-        if not self.enabled:
+        if not self.has_siblings:
             return None
         key = ("factory", names)
         if key in self._memo:
@@ -652,7 +671,7 @@ class Project:
         ``(wrapping Call in the sibling, [condition texts it runs under, outermost first], ModuleInfo, site Call)``.
         ``qual_ok(qualname)`` says which constructor wraps; ``is_model(expr text)``, which argument is a model.
         None when no such factory is seen."""
-        if not self.enabled:
+        if not self.has_siblings:
             return None
         key = ("wrap", id(qual_ok))
         if key in self._memo:
@@ -668,12 +687,12 @@ class Project:
                 cn = _dotted(c.func)
                 if cn is None or cn.split(".")[0] not in self.scope.imports:
                     continue
-                args = [_code(x.value) for x in c.args if not x.star]
-                if not (target in args or any(is_model(t) for t in args)):
-                    continue  # the factory is not handed the model it gives back
                 tg = self.resolve(cn)
                 if tg is None or tg.kind != "function":
                     continue
+                args = [_code(x.value) for x in c.args if not x.star]
+                if not (target in args or any(is_model(t) for t in args)):
+                    continue  # the factory is not handed the model it gives back
                 hit = _returned_wrap(tg.node, tg.info, qual_ok)
                 if hit is not None:
                     res = (hit[0], hit[1], tg.info, c)
