@@ -128,14 +128,17 @@ class ListVal:
     """A list built in the run; the graph-carrying values appended to it are followed (``losses.append(loss)``,
     then ``sum(losses).backward()`` or ``torch.stack(losses).mean()``)."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "other")
     CAP = 64
 
     def __init__(self, items=None) -> None:
         self.items: list = list(items or ())
+        self.other = False  # it also holds something that is not a followed graph (then it reads as unknown)
 
     def add(self, v) -> None:
-        if len(self.items) < self.CAP:
+        if not isinstance(v, Tensor):
+            self.other = True
+        elif len(self.items) < self.CAP:
             self.items.append(v)
 
 
@@ -1924,7 +1927,7 @@ class _Runner:
             if isinstance(base, Tensor):
                 return base
             if isinstance(base, ListVal):
-                return self._joined(base.items)
+                return self._joined(base)
             return self._resolved(e, frame)
         if tp is cst.IfExp:
             c = self.truth(e.test, frame)
@@ -1944,8 +1947,9 @@ class _Runner:
             return v
         if tp in (cst.Tuple, cst.List):
             vals = [self.ev(el.value, frame) for el in e.elements]
-            if tp is cst.List and not any(isinstance(el, cst.StarredElement) for el in e.elements):
-                return ListVal(v for v in vals if isinstance(v, Tensor))
+            if tp is cst.List and all(isinstance(v, Tensor) for v in vals) and \
+                    not any(isinstance(el, cst.StarredElement) for el in e.elements):
+                return ListVal(vals)  # ``[]`` or a list of losses; anything else stays unknown
             return UNK
         if tp is cst.Float:
             return UNK
@@ -1958,7 +1962,9 @@ class _Runner:
             # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
             it = self.ev(e.for_in.iter, frame)
             if isinstance(it, ListVal):
-                return ListVal(it.items)
+                out = ListVal(it.items)
+                out.other = it.other
+                return out
             if isinstance(it, Tensor):
                 return ListVal([it])
             return UNK
@@ -2135,17 +2141,20 @@ class _Runner:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
         if isinstance(base, ListVal):
-            if attr in ("append", "insert") and argv and isinstance(argv[-1], Tensor):
+            if attr in ("append", "insert") and argv:
                 base.add(argv[-1])
             elif attr == "extend" and argv and isinstance(argv[0], ListVal):
                 for v in argv[0].items:
                     base.add(v)
+                base.other = base.other or argv[0].other
+            elif attr == "extend":
+                base.other = True
             elif attr == "pop":
-                return self._joined(base.items)
+                return self._joined(base)
             return UNK
         if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
                 isinstance(argv[0], ListVal):
-            return self._joined(argv[0].items)  # ``torch.stack(losses).mean()``: the losses' common scale
+            return self._joined(argv[0])  # ``torch.stack(losses).mean()``: the losses' common scale
         if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
                  "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
@@ -2261,7 +2270,7 @@ class _Runner:
                 if nm == "sum" and argv and isinstance(argv[0], Tensor):
                     return argv[0]
                 if nm == "sum" and argv and isinstance(argv[0], ListVal):
-                    return self._joined(argv[0].items)
+                    return self._joined(argv[0])
                 return Num(None)
             if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
                       "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
@@ -2274,7 +2283,8 @@ class _Runner:
                 # is given — handed no accumulation factor (nor a config object that may hold one), its result
                 # does not depend on N
                 n_free = not any(a.star for a in call.args) and not any(
-                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) for v in argv)
+                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) or (isinstance(v, ListVal) and v.other)
+                    for v in argv)
                 kind = T.WEIGHT if n_free else T.OTHER
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
@@ -2340,11 +2350,11 @@ class _Runner:
                 self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
                 return
 
-    def _joined(self, items) -> Any:
+    def _joined(self, lst) -> Any:
         """The values of a list taken together (``sum(losses)``, ``losses[i]``): their common scale (unknown when
         they differ), and the forward they come from when all of theirs ran with the same gradient sync."""
-        ts = [v for v in items if isinstance(v, Tensor)]
-        if not ts:
+        ts = [v for v in lst.items if isinstance(v, Tensor)]
+        if not ts or lst.other:
             return UNK
         scale = ts[0].scale if all(t.scale is not None and t.scale == ts[0].scale for t in ts) else None
         graphs = [t for t in ts if t.graph]
