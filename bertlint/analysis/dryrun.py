@@ -1697,9 +1697,13 @@ class _Runner:
     def _initial(self, name: str, frame):
         """A name first read in the run: the accumulation factor, a resolved constant, the value a counter had
         before the loop, or an unknown (loop-invariant unknowns split configurations)."""
+        func = frame.func
+        if self._xfn is not None and func is not None and project.info_of(func) is not None:
+            head = name.split(".")[0]
+            if head not in {p.name.value for p in list(func.params.params) + list(func.params.kwonly_params)}:
+                return _Unk(True, name)  # a global of the sibling module: this file's binding of the name is not it
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
-        func = frame.func
         if name in self.pinned and frame.depth == 0:
             return Num(self.pinned[name], text=name)
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
@@ -2141,6 +2145,12 @@ class _Runner:
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
+        if rkind is not None and recv is not None and attr in _RELEVANT and recv != "self":
+            xfn = self._callee(call, frame)
+            if xfn is not None and project.info_of(xfn) is not None:
+                # ``updater.step(loss, i)`` on an instance of a sibling module's class: its own method runs (the
+                # backward and the optimizer step it makes), whatever role the receiver's usage suggests
+                rkind, conf = None, False
         if recv is None and type(recv_node) is cst.Subscript:
             # ``self.optimizer[name].step()``: an item of a container the file fills with optimizers
             rkind, conf = self.dr.item_role(recv_node, frame.func)
