@@ -128,14 +128,17 @@ class ListVal:
     """A list built in the run; the graph-carrying values appended to it are followed (``losses.append(loss)``,
     then ``sum(losses).backward()`` or ``torch.stack(losses).mean()``)."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "other")
     CAP = 64
 
     def __init__(self, items=None) -> None:
         self.items: list = list(items or ())
+        self.other = False  # it also holds something that is not a followed graph (then it reads as unknown)
 
     def add(self, v) -> None:
-        if len(self.items) < self.CAP:
+        if not isinstance(v, Tensor):
+            self.other = True
+        elif len(self.items) < self.CAP:
             self.items.append(v)
 
 
@@ -1245,9 +1248,31 @@ class _Runner:
             if not isinstance(d, int) or isinstance(d, bool) or any(
                     a.func is fn for a in (self.t.assignments_of(nm, fn) or [])):
                 continue
+            if not self._default_reachable(fn, prm, d):
+                continue
             key = f"!when `{nm}` has its default {d}"
             if key not in self.config:
                 raise _Split(key)
+
+    def _default_reachable(self, fn, prm, d: int) -> bool:
+        """Some call of ``fn`` in this file leaves the parameter out or passes its default, or none is seen (the
+        caller is elsewhere): the default is a run that happens."""
+        params = list(fn.params.params)
+        pos = next((i for i, p in enumerate(params) if p is prm), None)
+        if pos is not None and params and params[0].name.value in ("self", "cls"):
+            pos -= 1
+        calls = [c for c, name, _ in self.t.calls if name.split(".")[-1] == fn.name.value]
+        if not calls:
+            return True
+        for c in calls:
+            if any(a.star for a in c.args):
+                return True  # ``f(*args)``: not known, the default may be what it gets
+            got = kwarg(c, prm.name.value)
+            if got is None and pos is not None and pos >= 0:
+                got = positional(c, pos)
+            if got is None or literal(got) == d:
+                return True
+        return False
 
     def _loader_kind(self, node, frame) -> str:
         """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
@@ -1672,9 +1697,13 @@ class _Runner:
     def _initial(self, name: str, frame):
         """A name first read in the run: the accumulation factor, a resolved constant, the value a counter had
         before the loop, or an unknown (loop-invariant unknowns split configurations)."""
+        func = frame.func
+        if self._xfn is not None and func is not None and project.info_of(func) is not None:
+            head = name.split(".")[0]
+            if head not in {p.name.value for p in list(func.params.params) + list(func.params.kwonly_params)}:
+                return _Unk(True, name)  # a global of the sibling module: this file's binding of the name is not it
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
-        func = frame.func
         if name in self.pinned and frame.depth == 0:
             return Num(self.pinned[name], text=name)
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
@@ -1920,7 +1949,7 @@ class _Runner:
             if isinstance(base, Tensor):
                 return base
             if isinstance(base, ListVal):
-                return self._joined(base.items)
+                return self._joined(base)
             return self._resolved(e, frame)
         if tp is cst.IfExp:
             c = self.truth(e.test, frame)
@@ -1940,8 +1969,9 @@ class _Runner:
             return v
         if tp in (cst.Tuple, cst.List):
             vals = [self.ev(el.value, frame) for el in e.elements]
-            if tp is cst.List and not any(isinstance(el, cst.StarredElement) for el in e.elements):
-                return ListVal(v for v in vals if isinstance(v, Tensor))
+            if tp is cst.List and all(isinstance(v, Tensor) for v in vals) and \
+                    not any(isinstance(el, cst.StarredElement) for el in e.elements):
+                return ListVal(vals)  # ``[]`` or a list of losses; anything else stays unknown
             return UNK
         if tp is cst.Float:
             return UNK
@@ -1954,7 +1984,9 @@ class _Runner:
             # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
             it = self.ev(e.for_in.iter, frame)
             if isinstance(it, ListVal):
-                return ListVal(it.items)
+                out = ListVal(it.items)
+                out.other = it.other
+                return out
             if isinstance(it, Tensor):
                 return ListVal([it])
             return UNK
@@ -2113,6 +2145,12 @@ class _Runner:
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
+        if rkind is not None and recv is not None and attr in _RELEVANT and recv != "self":
+            xfn = self._callee(call, frame)
+            if xfn is not None and project.info_of(xfn) is not None:
+                # ``updater.step(loss, i)`` on an instance of a sibling module's class: its own method runs (the
+                # backward and the optimizer step it makes), whatever role the receiver's usage suggests
+                rkind, conf = None, False
         if recv is None and type(recv_node) is cst.Subscript:
             # ``self.optimizer[name].step()``: an item of a container the file fills with optimizers
             rkind, conf = self.dr.item_role(recv_node, frame.func)
@@ -2125,17 +2163,20 @@ class _Runner:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
         if isinstance(base, ListVal):
-            if attr in ("append", "insert") and argv and isinstance(argv[-1], Tensor):
+            if attr in ("append", "insert") and argv:
                 base.add(argv[-1])
             elif attr == "extend" and argv and isinstance(argv[0], ListVal):
                 for v in argv[0].items:
                     base.add(v)
+                base.other = base.other or argv[0].other
+            elif attr == "extend":
+                base.other = True
             elif attr == "pop":
-                return self._joined(base.items)
+                return self._joined(base)
             return UNK
         if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
                 isinstance(argv[0], ListVal):
-            return self._joined(argv[0].items)  # ``torch.stack(losses).mean()``: the losses' common scale
+            return self._joined(argv[0])  # ``torch.stack(losses).mean()``: the losses' common scale
         if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
                  "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
@@ -2251,7 +2292,7 @@ class _Runner:
                 if nm == "sum" and argv and isinstance(argv[0], Tensor):
                     return argv[0]
                 if nm == "sum" and argv and isinstance(argv[0], ListVal):
-                    return self._joined(argv[0].items)
+                    return self._joined(argv[0])
                 return Num(None)
             if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
                       "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
@@ -2264,7 +2305,8 @@ class _Runner:
                 # is given — handed no accumulation factor (nor a config object that may hold one), its result
                 # does not depend on N
                 n_free = not any(a.star for a in call.args) and not any(
-                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) for v in argv)
+                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) or (isinstance(v, ListVal) and v.other)
+                    for v in argv)
                 kind = T.WEIGHT if n_free else T.OTHER
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
@@ -2330,11 +2372,11 @@ class _Runner:
                 self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
                 return
 
-    def _joined(self, items) -> Any:
+    def _joined(self, lst) -> Any:
         """The values of a list taken together (``sum(losses)``, ``losses[i]``): their common scale (unknown when
         they differ), and the forward they come from when all of theirs ran with the same gradient sync."""
-        ts = [v for v in items if isinstance(v, Tensor)]
-        if not ts:
+        ts = [v for v in lst.items if isinstance(v, Tensor)]
+        if not ts or lst.other:
             return UNK
         scale = ts[0].scale if all(t.scale is not None and t.scale == ts[0].scale for t in ts) else None
         graphs = [t for t in ts if t.graph]
