@@ -223,3 +223,16 @@ def test_roles_of_values_built_by_a_siblings_factory(tmp_path):
     assert "optim_utils.py" in tool.why
     assert ctx.roles.of("s", fn).qualname == "timm.scheduler.CosineLRScheduler"
     assert ctx.roles.of("o2", fn).qualname == "torch.optim.SGD"
+
+
+def test_module_imported_from_its_package(tmp_path):
+    # ``from . import steps`` / ``import pkg.steps as st`` then ``steps.f(...)``: the module's function is followed
+    _write(tmp_path, {
+        "setup.py": "",
+        "pkg/__init__.py": "",
+        "pkg/steps.py": HELPER,
+        "pkg/a.py": LOOP.format(imp="from . import steps", call="steps.backward_micro_batch(loss)"),
+        "b.py": LOOP.format(imp="import pkg.steps as st", call="st.backward_micro_batch(loss)"),
+    })
+    assert _codes(str(tmp_path / "pkg" / "a.py")) == [("BL103", 10)]
+    assert _codes(str(tmp_path / "b.py")) == [("BL103", 10)]
