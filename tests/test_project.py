@@ -236,3 +236,33 @@ def test_module_imported_from_its_package(tmp_path):
     })
     assert _codes(str(tmp_path / "pkg" / "a.py")) == [("BL103", 10)]
     assert _codes(str(tmp_path / "b.py")) == [("BL103", 10)]
+
+
+def test_an_attribute_holding_a_sibling_instance_is_called(tmp_path):
+    # ``self.scaler = Step()`` in __init__, ``self.scaler(loss)`` in the loop: Step.__call__ (in the sibling) runs
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "amp_step.py": "class Step:\n    def __call__(self, loss):\n        loss.backward()\n",
+        "train.py": textwrap.dedent('''\
+            import torch
+            from amp_step import Step
+
+            GRAD_ACCUM = 4
+
+
+            class Runner:
+                def __init__(self, model, optimizer):
+                    self.model = model
+                    self.optimizer = optimizer
+                    self.scaler = Step()
+
+                def train(self, loader):
+                    for step, (x, y) in enumerate(loader):
+                        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+                        self.scaler(loss)
+                        if (step + 1) % GRAD_ACCUM == 0 or step + 1 == len(loader):
+                            self.optimizer.step()
+                            self.optimizer.zero_grad()
+            '''),
+    })
+    assert _codes(str(tmp_path / "train.py")) == [("BL103", 16)]

@@ -635,7 +635,11 @@ class Project:
                 if cls is None or info_of(cls) is not None:
                     return None
                 base = self.base_class(cls, loops)
-                return base.info.method(base.node, fn.attr.value) if base is not None else None
+                m = base.info.method(base.node, fn.attr.value) if base is not None else None
+                if m is None:  # ``self.loss_scaler(loss, opt)``: an attribute holding an instance of a sibling class
+                    c = self.instance_class(f"self.{fn.attr.value}", func, loops, 0)
+                    m = c.info.method(c.node, "__call__") if c is not None else None
+                return m
             t = self.resolve(f"{d}.{fn.attr.value}")
             if t is not None:
                 return t.node if t.kind == "function" else None
