@@ -1248,9 +1248,31 @@ class _Runner:
             if not isinstance(d, int) or isinstance(d, bool) or any(
                     a.func is fn for a in (self.t.assignments_of(nm, fn) or [])):
                 continue
+            if not self._default_reachable(fn, prm, d):
+                continue
             key = f"!when `{nm}` has its default {d}"
             if key not in self.config:
                 raise _Split(key)
+
+    def _default_reachable(self, fn, prm, d: int) -> bool:
+        """Some call of ``fn`` in this file leaves the parameter out or passes its default, or none is seen (the
+        caller is elsewhere): the default is a run that happens."""
+        params = list(fn.params.params)
+        pos = next((i for i, p in enumerate(params) if p is prm), None)
+        if pos is not None and params and params[0].name.value in ("self", "cls"):
+            pos -= 1
+        calls = [c for c, name, _ in self.t.calls if name.split(".")[-1] == fn.name.value]
+        if not calls:
+            return True
+        for c in calls:
+            if any(a.star for a in c.args):
+                return True  # ``f(*args)``: not known, the default may be what it gets
+            got = kwarg(c, prm.name.value)
+            if got is None and pos is not None and pos >= 0:
+                got = positional(c, pos)
+            if got is None or literal(got) == d:
+                return True
+        return False
 
     def _loader_kind(self, node, frame) -> str:
         """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
