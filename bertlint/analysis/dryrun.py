@@ -2170,6 +2170,11 @@ class _Runner:
             for a in call.args:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
+        if isinstance(base, DictVal) and attr == "values" and not argv:
+            out = ListVal()
+            for v in base.slots.values():
+                out.add(v)  # ``sum(losses.values())`` of a dict the run filled
+            return out
         if isinstance(base, ListVal):
             if attr in ("append", "insert") and argv:
                 base.add(argv[-1])
