@@ -28,7 +28,7 @@ API for rules (``ctx.loops`` is a :class:`FileLoops`)::
         loop.accum()                           # AccumFactor(text, value|None, source) or None
         for e in loop.steps:                   # Event: kind, call, gates, per_micro_batch / per_window
             ...
-        loop.loss_divisions(), loop.counters, loop.index, loop.accum_adds
+        loop.loss_divisions(), loop.index
 
 The training-loop rules decide from the dry run (``bertlint/analysis/dryrun.py``, ``bertlint/trace.py``); what this
 module still gives them and the dry run: loop discovery (the training loop, its epoch loops, its window loop and
@@ -231,19 +231,6 @@ class Division:
 
 
 @dataclass
-class Counter:
-    name: str
-    node: cst.CSTNode
-    seq: int
-    gates: tuple[Gate, ...]
-    init: Optional[int] = None
-
-    @property
-    def per_micro_batch(self) -> bool:
-        return all(g.kind == "invariant" for g in self.gates)
-
-
-@dataclass
 class Index:
     name: str
     start: Optional[int]  # first value seen at the top of the body (enumerate start, range start, counter init)
@@ -257,9 +244,7 @@ class TrainingLoop:
     cls: Optional[cst.ClassDef]
     events: list[Event] = field(default_factory=list)
     divisions: list[Division] = field(default_factory=list)
-    counters: list[Counter] = field(default_factory=list)
     index: Optional[Index] = None
-    accum_adds: list[tuple[str, cst.CSTNode, int, tuple]] = field(default_factory=list)  # total += loss
     outer: list[LoopNode] = field(default_factory=list)
     accumulate_calls: list = field(default_factory=list)  # the ``accelerator.accumulate(...)`` calls
     callees: list = field(default_factory=list)  # same-file functions walked as part of the body
@@ -1023,18 +1008,6 @@ class _LoopWalker:
         self._index()
         start = (Gate("window", None),) if self.micro is not None else ()
         self._block(_body_list(loop.node.body), start, False, False, (), loop.cls, loop.func, 0)
-        # counter initial values
-        for c in loop.counters:
-            assigns = [a for a in self.f.t.assignments_of(c.name, loop.func) if a.node is not None]
-            inside = {id(n) for n in _stmt_nodes_in(loop.node)}
-            vals = set()
-            for a in assigns:
-                if id(a.node) in inside:
-                    continue
-                v = self.f.r.int_value(a.value, a.func)
-                vals.add(v)
-            if len(vals) == 1:
-                c.init = vals.pop()
 
     # -------------------------------------------------------------- index
     def _index(self) -> None:
@@ -1130,28 +1103,11 @@ class _LoopWalker:
 
     def _small(self, small, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
         loop = self.loop
-        # counters: x += 1
         if isinstance(small, cst.AugAssign):
             tname = dotted(small.target)
-            if tname and isinstance(small.operator, cst.AddAssign) and isinstance(small.value, cst.Integer):
-                if small.value.value == "1" and depth == 0:
-                    self.seq += 1
-                    loop.counters.append(Counter(tname, small, self.seq, gates))
             if tname and isinstance(small.operator, cst.DivideAssign):
                 self.seq += 1
                 loop.divisions.append(Division(tname, small.value, code_of(small.value).strip(), small, self.seq, gates))
-            if tname and isinstance(small.operator, cst.AddAssign) and not isinstance(small.value, (cst.Integer, cst.Float)):
-                self.seq += 1
-                loop.accum_adds.append((tname, small, self.seq, gates))
-        if isinstance(small, cst.Assign) and len(small.targets) == 1:
-            tname = dotted(small.targets[0].target)
-            v = small.value
-            if tname and isinstance(v, cst.BinaryOperation) and isinstance(v.operator, cst.Add):
-                if dotted(v.left) == tname or dotted(v.right) == tname:
-                    other = v.right if dotted(v.left) == tname else v.left
-                    if not isinstance(other, (cst.Integer, cst.Float)):
-                        self.seq += 1
-                        loop.accum_adds.append((tname, small, self.seq, gates))
         self._exprs(small, stmt, block, gates, acc, nosync, via, cls, func, depth)
 
     def _exprs(self, node, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
@@ -1467,10 +1423,6 @@ def _walk_expr(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if type(n) is cst.Call]
-
-
-def _stmt_nodes_in(loop: LoopNode) -> list:
-    return [n for n in walk(loop, into_scopes=True) if type(n) is cst.Assign or type(n) is cst.AnnAssign]
 
 
 def build(ctx) -> FileLoops:
