@@ -463,14 +463,9 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     """(traces, the accumulation factor found before the run or None)."""
     f = dr.f
     window = _callee_window(dr, loop)
-    acc = _window_factor(dr, loop, window) or loop.accum()
-    if acc is None and getattr(loop, "owner", "") in ("accelerate", "accelerate-manual") and \
-            not f.accelerator_calls and f.accelerator_ga is None and not f.accelerator_ga_unknown:
-        sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
-        if sib is not None and sib[1] != "1":
-            from bertlint.analysis.loops import AccumFactor
-
-            acc = AccumFactor(sib[1], sib[0], "accelerator", None)
+    acc = _window_factor(dr, loop, window) or (loop.accum() if isinstance(loop, ManualStep) else None)
+    if acc is None:
+        acc = _probe_factor(dr, loop, window)
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -484,23 +479,6 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     else:
         ns = [(None, "none")]
     traces = []
-    if ns == [(None, "none")]:
-        cfg: dict = {}
-        for _ in range(MAX_SPLITS + 1):
-            probe = _Runner(dr, loop, None, "", cfg, window)
-            try:
-                probe.run()
-            except _Split as sp:
-                if not probe.n_candidates and len(cfg) < MAX_SPLITS:
-                    cfg = {**cfg, sp.key: True}  # look for N in one configuration, then run them all with it
-                    continue
-            except (_Abort, RecursionError):
-                pass
-            break
-        if probe.n_candidates:
-            v, text = probe.n_candidates[0]
-            n_text = text
-            ns = [(v, "resolved")] if v is not None else [(REPRESENTATIVE_N, "representative"), (1, "N = 1")]
     if len(ns) > 1 and ns[1][1] == "N = 1" and not _compares(dr, loop, n_text):
         ns = ns[:1]  # nothing in the loop tests N itself: the N = 1 run would only repeat the plain arm
     for n, src in ns:
@@ -526,6 +504,45 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
             traces.append(tr)
             done += 1
     return traces, acc
+
+
+def _probe_factor(dr: FileDryRun, loop, window):
+    """The accumulation factor by usage: a run with N unknown, in which a period gating the optimizer step
+    (``(i + 1) % M == 0``, whatever M is called), a loss divided by an accumulation-named value, or the
+    Accelerator's setting when the loop backpropagates through it, is N (``AccumFactor``; None: none)."""
+    from bertlint.analysis.loops import AccumFactor
+
+    f = dr.f
+    cfg: dict = {}
+    probe = None
+    for _ in range(MAX_SPLITS + 1):
+        probe = _Runner(dr, loop, None, "", cfg, window, probe=True)
+        try:
+            probe.run()
+        except _Split as sp:
+            if not probe.n_candidates and len(cfg) < MAX_SPLITS:
+                cfg = {**cfg, sp.key: True}  # look for N in one configuration, then run them all with it
+                continue
+        except (_Abort, RecursionError):
+            pass
+        break
+    if probe is None:
+        return None
+    if probe.n_candidates:
+        # a known value > 1 first, a step gate's period before a loss divisor
+        cands = [(v, text) + probe.n_nodes.get(text, (None, "gate")) for v, text in probe.n_candidates]
+        cands.sort(key=lambda c: (not (c[0] is not None and c[0] > 1), c[3] != "gate"))
+        v, text, node, source = cands[0]
+        return AccumFactor(text, v, source, node)
+    if not (probe.acc_used or any(e.kind == "backward" and e.via == "accelerator" for e in probe.trace.events)):
+        return None
+    if f.accelerator_ga is not None:
+        return f.accelerator_ga  # the loop backpropagates through the Accelerator: its setting is N
+    if not f.accelerator_calls and not f.accelerator_ga_unknown:
+        sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
+        if sib is not None and sib[1] != "1":
+            return AccumFactor(sib[1], sib[0], "accelerator", None)
+    return None
 
 
 class ManualStep:
@@ -829,7 +846,8 @@ class _Frame:
 
 
 class _Runner:
-    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict, window=None) -> None:
+    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict, window=None,
+                 probe: bool = False) -> None:
         self.dr = dr
         self.f = dr.f
         self.t = dr.f.t
@@ -862,6 +880,10 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.n_nodes: dict = {}  # candidate text -> (its expression, "gate" | "division")
+        # the run that looks for N: a period of known value (``% 4``, ``% args.accum`` resolved to 8) is not decided
+        # (the probe is shorter than such a window); a step under it makes it the accumulation factor by usage
+        self.probe = probe
         self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
         self._last_mod = None
         self.site = None
@@ -1358,8 +1380,10 @@ class _Runner:
         before_l, before_s = dict(frame.locals), dict(self.shared)
         self.store_logs.append(set())
         arm1 = None
+        else_ev = None
         try:
             self._block(_body(stmt.body), frame, chain, level)
+            else_ev = len(self.trace.events) - first_ev
             self.arms[-1] = (arm_key, False, arm_seq)
             stored1 = self.store_logs.pop()
             arm1 = (dict(frame.locals), dict(self.shared), stored1)
@@ -1386,10 +1410,10 @@ class _Runner:
             if self.store_logs:
                 self.store_logs[-1] |= stored
         if mod is not None:
-            self._period_gate(mod, self.trace.events[first_ev:], frame)
+            self._period_gate(mod, self.trace.events[first_ev:], frame, else_ev)
         return None
 
-    def _period_gate(self, mod, arm_events: list, frame) -> None:
+    def _period_gate(self, mod, arm_events: list, frame, else_ev: Optional[int] = None) -> None:
         """Roles from usage: a condition ``x % M ...`` (M unknown, any name) that gates an optimizer step makes M
         the accumulation factor when the loss is also divided by M, or when it is the loop's only optimizer and no
         backward runs under the gate (one backward per micro-batch, the step every M-th: a WGAN's generator, whose
@@ -1399,16 +1423,19 @@ class _Runner:
             return
         text = self.dr.code(mod)
         if any(t == text for _v, t in self.n_candidates):
+            self.n_nodes[text] = (mod, "gate")  # the loss divisor is also the step gate's period
             return
         divided = text in self.divisors
         if not divided:
-            if any(e.kind == "backward" for e in arm_events):
-                return
+            body, other = (arm_events[:else_ev], arm_events[else_ev:]) if else_ev is not None else (arm_events, [])
+            if any(e.kind == "backward" for e in body) and not any(e.kind == "backward" for e in other):
+                return  # a backward only under the gate: its own update every M-th micro-batch (a GAN's generator)
             opts = {e.opt for e in self.trace.events if e.kind == "step"}
             if len(opts) != 1 or not any(e.kind == "backward" for e in self.trace.events):
                 return
         v = self._resolved(mod, frame)
         self.n_candidates.append((v.v if isinstance(v, Num) and v.v is not None and v.v > 1 else None, text))
+        self.n_nodes.setdefault(text, (mod, "gate"))
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
         acc = nosync = False
@@ -1927,6 +1954,10 @@ class _Runner:
             text = b.text or self.dr.code(right_node)
             if ACCUM_RE.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
                 self.n_candidates.append((b.v if isinstance(b, Num) else None, self.dr.code(right_node)))
+                self.n_nodes.setdefault(self.dr.code(right_node), (right_node, "gate"))
+            if self.probe and self.in_micro and isinstance(b, Num) and b.v is not None and b.v > 1 and \
+                    isinstance(a, Num) and a.v is not None:
+                return _Unk(False, self.dr.code(right_node), mod=right_node)  # a period the probe does not decide
         if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
             self.divisors.add(self.dr.code(right_node))  # a loss (or a value the run could not type) divided by it
         r = self._binop2(op, a, b, right_node, whole)
@@ -2018,6 +2049,7 @@ class _Runner:
             src = v.text or text
             if src and ACCUM_RE.search(src) and (not isinstance(v, Num) or v.v is None or v.v > 1):
                 self.n_candidates.append((v.v if isinstance(v, Num) else None, src))
+                self.n_nodes.setdefault(src, (node if src == text else None, "division"))
         if isinstance(v, Num) and v.v is not None:
             if (v.is_n or (self.n is not None and self.n > 1 and v.v == self.n)) and v.v > 1:
                 return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
