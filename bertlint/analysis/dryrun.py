@@ -540,6 +540,7 @@ def _probe_factor(dr: FileDryRun, loop, window):
             break
     if probe is None:
         return None
+    probe.probe = False  # the run is over: no early stop while its guards are read
     for mod, start, mb, func in probe.guard_periods:
         probe._period_gate(mod, [e for e in probe.trace.events[start:] if e.mb == mb], _Frame(func, None, 0))
     if probe.n_candidates:
