@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Optional
 
 from bertlint.config import ConfigError, Settings, load_settings

@@ -970,6 +970,9 @@ def _parallel(tasks: list, jobs: int) -> list:
     from bertlint.registry import all_rules
 
     all_rules()  # import the rules once, before the workers fork
+    from bertlint._dataclass import materialise_all
+
+    materialise_all()  # and build the records' classes once (bertlint/_dataclass.py), not in every worker
     try:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
+from bertlint._dataclass import dataclass, field, replace
 from typing import Any, Optional
 
 

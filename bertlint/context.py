@@ -4,6 +4,7 @@ a rule asks for them."""
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from typing import Any, Optional
 
@@ -11,6 +12,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from bertlint.types import Applicability, Diagnostic, Edit, Fix, Position, RuleMeta, Severity
+
+_DEFERRED_ROW = re.compile("\x00row:([0-9]+)\x00")
 
 
 class FileContext:
@@ -97,6 +100,29 @@ class FileContext:
         r = self.positions[node]
         return Position(r.start.line, r.start.column + 1), Position(r.end.line, r.end.column + 1)
 
+    def deferred_row(self, node: cst.CSTNode) -> str:
+        """The 1-based line of ``node`` for a message text, as a placeholder resolved when a diagnostic is made
+        (``_emit``): positions cost a code generation of the whole module, and a reason computed for a rule's
+        decision (``configfiles.deepspeed_enabled_for``) is shown only if there is a finding."""
+        rows = self.__dict__.setdefault("_deferred_rows", {})
+        rows[id(node)] = node
+        return f"\x00row:{id(node)}\x00"
+
+    def resolve_rows(self, text: str) -> str:
+        """``text`` with every ``deferred_row`` placeholder replaced by the line number ("?" if unknown)."""
+        if "\x00row:" not in text:
+            return text
+        rows = self.__dict__.get("_deferred_rows", {})
+
+        def row(m) -> str:
+            node = rows.get(int(m.group(1)))
+            try:
+                return str(self.span(node)[0].row) if node is not None else "?"
+            except Exception:
+                return "?"
+
+        return _DEFERRED_ROW.sub(row, text)
+
     def indent_of(self, node: cst.CSTNode) -> str:
         start, _ = self.span(node)
         line = self.lines[start.row - 1] if start.row - 1 < len(self.lines) else ""
@@ -154,6 +180,12 @@ def _emit(ctx, start: Position, end: Position, message: str, fix, severity, data
     """Build the diagnostic of the running rule (or of ``code``, a sibling code the rule reports) and record it."""
     meta = ctx.current
     assert meta is not None, "report() called outside a rule"
+    if "_deferred_rows" in ctx.__dict__:  # line numbers in the texts, now that they are shown
+        message = ctx.resolve_rows(message)
+        if fix is not None and "\x00row:" in fix.message:
+            fix = Fix(ctx.resolve_rows(fix.message), fix.applicability, fix.edits)
+        if data:
+            data = {k: ctx.resolve_rows(v) if type(v) is str else v for k, v in data.items()}
     if code is not None and code != meta.code:
         from bertlint.registry import get
 

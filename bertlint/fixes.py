@@ -4,7 +4,7 @@ a fix that breaks parsing reverted and reported with its rule code; atomic write
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Callable, Optional
 
 from bertlint.types import Applicability, Diagnostic, Edit, Position

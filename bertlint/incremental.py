@@ -3,7 +3,8 @@
 The server keeps, per document, the last text, its libcst module and the length of the code of every
 top-level statement. For a new text, the changed character range is the part between the longest common
 prefix and suffix of the two texts; the top-level statements it overlaps, padded by one unchanged statement on
-each side, are parsed again on their own and spliced into the old module's body. Every other statement is the
+each side (on the left only when the edit may be in the first statement's leading lines or first line of code),
+are parsed again on their own and spliced into the old module's body. Every other statement is the
 old node (libcst nodes are immutable), so the new module is the one a full parse gives: the same code text,
 statement for statement (``tests/test_incremental.py`` compares it with a full parse, ``deep_equals``, on
 every single-character edit of several scripts).
@@ -120,6 +121,24 @@ class Reparser:
             del self._docs[next(iter(self._docs))]
 
 
+def _first_code_line_end(text: str, start: int, end: int) -> int:
+    """The offset just past the first line of ``text[start:end]`` (a statement's code: its leading blank and
+    comment lines, then its first line of code) that is not blank or a comment; ``end`` if none.
+
+    An edit after that point leaves the statement's leading lines and first line as they were: which of the lines
+    between the statement before and this one belong to that statement's block and which to this one is decided
+    by those lines and the indentation of this first line, so the statement before needs no new parse."""
+    i = start
+    while i < end:
+        j = text.find("\n", i, end)
+        line_end = end if j < 0 else j + 1
+        stripped = text[i:line_end].strip(" \t\f\r\n")
+        if stripped and not stripped.startswith("#"):
+            return line_end
+        i = line_end
+    return end
+
+
 def _splice(old: _State, new: str):
     text, module, header, lens = old
     n = len(lens)
@@ -143,7 +162,10 @@ def _splice(old: _State, new: str):
     last = max(changed_end - 1, p)
     while b + 1 < n and starts[b + 1] <= last:
         b += 1
-    a = max(a - 1, 0)
+    if a == 0 or p < _first_code_line_end(text, starts[a], starts[a] + lens[a]):
+        # the edit may be in the blank / comment lines before statement a (or its first line): they may move to
+        # the block of the statement before, so that one is parsed again too
+        a -= 1 if a else 0
     b = min(b + 1, n - 1)
     from_start = a == 0  # the header (comment lines at the top) is parsed again with the first statement
     to_end = b == n - 1

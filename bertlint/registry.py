@@ -13,9 +13,9 @@
 from __future__ import annotations
 
 import importlib
-import pkgutil
+import os
 import re
-from dataclasses import dataclass
+from bertlint._dataclass import dataclass
 from typing import Callable, Optional
 
 from bertlint.types import Applicability, RuleMeta, Severity
@@ -61,7 +61,21 @@ def _module_names() -> list[str]:
     if _NAMES is None:
         import bertlint.checks as pkg
 
-        _NAMES = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+        names = None
+        paths = list(pkg.__path__)
+        if len(paths) == 1 and os.path.isdir(paths[0]):  # the usual case: one folder of .py files (no pkgutil)
+            try:
+                names = {e.name[:-3] for e in os.scandir(paths[0]) if e.name.endswith(".py") and e.is_file()}
+                names |= {e.name for e in os.scandir(paths[0])
+                          if e.is_dir() and os.path.isfile(os.path.join(e.path, "__init__.py"))}
+                names = [n for n in names if n.isidentifier()]
+            except OSError:
+                names = None
+        if names is None:  # a zip, a namespace package ...
+            import pkgutil
+
+            names = [m.name for m in pkgutil.iter_modules(pkg.__path__)]
+        _NAMES = sorted(n for n in names if not n.startswith("_"))
     return _NAMES
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Iterator, Optional
 
 PY_SUFFIXES = (".py", ".pyi")

@@ -36,7 +36,7 @@ micro-batch 4 only, weighted 1/4"). Rules add the framework, version and fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Iterable, Optional
 
@@ -571,7 +571,20 @@ def window_weights(trace: Trace) -> list:
         if any(not b.certain for b in w.backwards) or any(e.kind == "rescale" for e in w.events):
             continue
         mbs = {b.mb for b in bws}
-        if len(mbs) != trace.n or any(b.scale is None or not b.scale.n_free for b in bws):
+        if len(mbs) != trace.n or any(b.scale is None for b in bws):
+            continue
+        vals = [b.scale.value(trace.n) for b in bws]
+        if len(bws) == len(mbs) and all(v is not None for v in vals) and len(set(vals)) > 1:
+            # every weight known, and they differ by position in the window (``loss / accum_n_steps`` with the
+            # running count 1, 2, 3, ...): the update is not the window's mean, whatever the weights sum to
+            ws = ", ".join(_frac(v) for v in vals)
+            msg = (f"{w.mbs}: backward ×{len(bws)} with loss × {ws} (by position in the window), "
+                   f"`{w.step.name}` after the {ordinal(len(bws))} → the micro-batches of one update weigh "
+                   f"differently (the weights sum to {_frac(sum(vals))}; the window's mean weighs each "
+                   f"1/{trace.n}), so the update is not the window's mean gradient")
+            out.append(Violation("BL103", bws[0], msg, {"kind": "uneven", "weights": vals}))
+            continue
+        if any(not b.scale.n_free for b in bws):
             continue
         if all(all(f.kind != CONST or f.value == 1 for f in b.scale.factors) for b in bws):
             k = len(mbs)

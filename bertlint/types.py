@@ -5,7 +5,7 @@ Positions: ``row`` is 1-based, ``column`` is 1-based (as ruff's JSON output); ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Optional
 

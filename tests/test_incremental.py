@@ -82,3 +82,22 @@ def test_lint_with_incremental_parse_same_diagnostics():
     assert api.lint_text(text, path, parse=parse) == api.lint_text(text, path)
     for new in _edits(text)[::9]:
         assert api.lint_text(new, path, parse=parse) == api.lint_text(new, path)
+
+
+def test_an_edit_after_a_statements_first_line_does_not_parse_the_statement_before():
+    # typing at the end of the file (after `if __name__ == "__main__": main()`) re-parses that statement only,
+    # not the long main() before it; an edit in the lines between two statements still takes both
+    with open(SCRIPT) as f:
+        text = f.read()
+    r = Reparser()
+    r.parse("k", text)
+    for new in (text + "# typed at the end\n", text + "    # indented, at the end\n", text + "#"):
+        got = r.parse("k", new)
+        assert got.code == new and got.deep_equals(cst.parse_module(new))
+        assert r.last_reparsed[0] == 1, r.last_reparsed
+        r.parse("k", text)
+    lines = text.splitlines(keepends=True)
+    last = max(i for i, ln in enumerate(lines) if ln.startswith("if __name__"))
+    new = "".join(lines[:last] + ["# between\n"] + lines[last:])
+    got = r.parse("k", new)
+    assert got.deep_equals(cst.parse_module(new)) and r.last_reparsed[0] == 2

@@ -173,3 +173,53 @@ def test_reads_tells_which_siblings_a_lint_read(tmp_path):
     _codes(str(tmp_path / "train.py"))
     assert project.reads(str(tmp_path / "train.py"), str(tmp_path / "steps.py"))
     assert not project.reads(str(tmp_path / "train.py"), str(tmp_path / "other.py"))
+
+
+def test_class_family_follows_a_base_class_in_a_sibling(tmp_path):
+    # roles.class_family: a LightningModule / Trainer subclass whose base is a class of a sibling module
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "base_module.py": "import lightning as L\nfrom transformers import Trainer\n\n\n"
+                          "class BaseModule(L.LightningModule):\n    pass\n\n\nclass BaseTrainer(Trainer):\n    pass\n",
+        "train.py": "from base_module import BaseModule, BaseTrainer\n\n\nclass Net(BaseModule):\n    pass\n\n\n"
+                    "class MyTrainer(BaseTrainer):\n    pass\n\n\nclass Other(Unknown):\n    pass\n",
+    })
+    import libcst as cst
+
+    from bertlint.context import FileContext
+
+    path = str(tmp_path / "train.py")
+    src = open(path).read()
+    ctx = FileContext(path, src, cst.parse_module(src), None)
+    cls = ctx.symbols.classes
+    assert ctx.roles.class_family(cls["Net"]) == "lightning_module"
+    assert ctx.roles.class_base(cls["Net"]) == "lightning.LightningModule"
+    assert ctx.roles.class_family(cls["MyTrainer"]) == "trainer"
+    assert ctx.roles.class_family(cls["Other"]) is None
+
+
+def test_roles_of_values_built_by_a_siblings_factory(tmp_path):
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "optim_utils.py": "import torch\nfrom timm.scheduler import CosineLRScheduler\n\n\n"
+                          "def make(cfg, model):\n    return torch.optim.AdamW(model.parameters(), lr=cfg.lr)\n\n\n"
+                          "def sched(cfg, opt):\n    return CosineLRScheduler(opt, t_initial=cfg.epochs)\n\n\n"
+                          "def both(cfg, model):\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                          "    return model, opt\n",
+        "train.py": "import optim_utils\nfrom optim_utils import make\n\n\ndef main(cfg, model):\n"
+                    "    tool = make(cfg, model)\n    s = optim_utils.sched(cfg, tool)\n"
+                    "    net, o2 = optim_utils.both(cfg, model)\n",
+    })
+    import libcst as cst
+
+    from bertlint.context import FileContext
+
+    path = str(tmp_path / "train.py")
+    src = open(path).read()
+    ctx = FileContext(path, src, cst.parse_module(src), None)
+    fn = ctx.symbols.functions["main"][0]
+    tool = ctx.roles.of("tool", fn)
+    assert (tool.role, tool.qualname, tool.confident) == ("optimizer", "torch.optim.AdamW", True)
+    assert "optim_utils.py" in tool.why
+    assert ctx.roles.of("s", fn).qualname == "timm.scheduler.CosineLRScheduler"
+    assert ctx.roles.of("o2", fn).qualname == "torch.optim.SGD"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator, Optional
 
@@ -1053,12 +1053,12 @@ def deepspeed_enabled_for(ctx: Any) -> tuple[Optional[bool], str]:
     starting "when launched with DeepSpeed") when no launcher config decides and the script expects DeepSpeed
     (``deepspeed_expected_for``: ``DummyOptim``, ``accelerator.state.deepspeed_plugin``);
     (False, reason) when launcher configs exist and none uses DeepSpeed and the code builds no plugin;
-    (None, "") when unknown (the launch command decides)."""
+    (None, "") when unknown (the launch command decides). Line numbers in the reason are placeholders
+    (``FileContext.deferred_row``) that the diagnostic showing it resolves (``FileContext.resolve_rows``)."""
     plugins = [u for u in deepspeed_uses(ctx) if u.framework == "accelerate"]
     if plugins:
         try:
-            row = ctx.span(plugins[0].call)[0].row
-            return True, f"`DeepSpeedPlugin(...)` at line {row}"
+            return True, f"`DeepSpeedPlugin(...)` at line {_row(ctx, plugins[0].call)}"
         except Exception:
             return True, "`DeepSpeedPlugin(...)` in the script"
     cfgs = accelerate_configs_for(ctx)
@@ -1119,6 +1119,9 @@ def deepspeed_expected_for(ctx: Any) -> str:
 
 
 def _row(ctx: Any, node: Any) -> str:
+    deferred = getattr(ctx, "deferred_row", None)
+    if deferred is not None:  # resolved when a finding shows the text (no positions for a file with none)
+        return deferred(node)
     try:
         return str(ctx.span(node)[0].row)
     except Exception:

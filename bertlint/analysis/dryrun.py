@@ -131,14 +131,17 @@ class ListVal:
     """A list built in the run; the graph-carrying values appended to it are followed (``losses.append(loss)``,
     then ``sum(losses).backward()`` or ``torch.stack(losses).mean()``)."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "other")
     CAP = 64
 
     def __init__(self, items=None) -> None:
         self.items: list = list(items or ())
+        self.other = False  # it also holds something that is not a followed graph (then it reads as unknown)
 
     def add(self, v) -> None:
-        if len(self.items) < self.CAP:
+        if not isinstance(v, Tensor):
+            self.other = True
+        elif len(self.items) < self.CAP:
             self.items.append(v)
 
 
@@ -468,7 +471,9 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     window = _callee_window(dr, loop)
     acc = _window_factor(dr, loop, window) or (loop.accum() if isinstance(loop, ManualStep) else None)
     if acc is None:
-        acc = _probe_factor(dr, loop, window)
+        acc = _probe_factor(dr, loop, window)  # N by usage (an Accelerator of a sibling module included)
+    if acc is None or _running(loop, acc):
+        acc = _counter_gate_factor(dr, loop) or acc
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -836,6 +841,29 @@ def _window_factor(dr, loop, window=None):
     return dr.f.factor(expr, "window", loop.func)
 
 
+def _running(loop, acc) -> bool:
+    """The factor is a name the loop itself assigns (``loss / accum_n_steps`` with ``accum_n_steps += 1``): a running
+    count, not the accumulation factor."""
+    return acc.expr is not None and dotted(acc.expr) in (getattr(loop, "assigned", None) or ())
+
+
+def _counter_gate_factor(dr, loop):
+    """The bound of a hand counter's step gate (``if accum_n_steps >= accum_grad_n_steps:`` with the counter advanced
+    and reset in the loop): the accumulation factor, read where the counter is compared with it."""
+    assigned = getattr(loop, "assigned", None) or set()
+    for n in _walk(loop.node):
+        if type(n) is not cst.Comparison or len(n.comparisons) != 1:
+            continue
+        op = type(n.comparisons[0].operator)
+        pairs = ((n.left, n.comparisons[0].comparator),) if op in (cst.GreaterThanEqual, cst.Equal) else \
+            ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
+        for cnt, bound in pairs:
+            c, b = dotted(cnt), dotted(bound)
+            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b):
+                return dr.f.factor(bound, "gate", loop.func)
+    return None
+
+
 def _callee_window(dr, loop):
     """The micro-batch loop of a step loop that lives in a helper it calls (``run_step()`` ->
     ``forward_backward()``: ``for i in range(0, batch.shape[0], self.microbatch): ... loss.backward()``, then the
@@ -1186,7 +1214,7 @@ class _Runner:
             self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
             return [None] * count
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         tgt = node.target
         inner = it
         name = call_name(it) if isinstance(it, cst.Call) else None
@@ -1224,6 +1252,27 @@ class _Runner:
         self._loader = it
         return [None] * count
 
+    def _held_iter(self, it, frame):
+        """``pbar = enumerate(train_loader)`` (then ``pbar = tqdm(pbar, total=nb)``) and ``for i, b in pbar``: the
+        enumerate / range a variable of the function holds, when every assignment to it there is that call or a
+        wrapper of the variable itself; else the expression unchanged."""
+        if type(it) is not cst.Name or frame.func is None:
+            return it
+        found = None
+        for a in self.t.assignments_of(it.value, frame.func) or []:
+            if a.func is not frame.func or a.value is None:
+                continue
+            v = _unwrap_iter(a.value)
+            if isinstance(v, cst.Call) and (call_name(v) or "") in ("enumerate", "range"):
+                if found is not None and self.dr.code(found) != self.dr.code(v):
+                    return it
+                found = v
+                continue
+            if isinstance(v, cst.Call) and type(positional(v, 0)) is cst.Name and positional(v, 0).value == it.value:
+                continue  # ``pbar = tqdm(pbar, ...)``: the same iteration, wrapped
+            return it
+        return found if found is not None else it
+
     def _pin_default(self, expr, frame) -> None:
         """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
         integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
@@ -1242,16 +1291,38 @@ class _Runner:
             if not isinstance(d, int) or isinstance(d, bool) or any(
                     a.func is fn for a in (self.t.assignments_of(nm, fn) or [])):
                 continue
+            if not self._default_reachable(fn, prm, d):
+                continue
             key = f"!when `{nm}` has its default {d}"
             if key not in self.config:
                 raise _Split(key)
+
+    def _default_reachable(self, fn, prm, d: int) -> bool:
+        """Some call of ``fn`` in this file leaves the parameter out or passes its default, or none is seen (the
+        caller is elsewhere): the default is a run that happens."""
+        params = list(fn.params.params)
+        pos = next((i for i, p in enumerate(params) if p is prm), None)
+        if pos is not None and params and params[0].name.value in ("self", "cls"):
+            pos -= 1
+        calls = [c for c, name, _ in self.t.calls if name.split(".")[-1] == fn.name.value]
+        if not calls:
+            return True
+        for c in calls:
+            if any(a.star for a in c.args):
+                return True  # ``f(*args)``: not known, the default may be what it gets
+            got = kwarg(c, prm.name.value)
+            if got is None and pos is not None and pos >= 0:
+                got = positional(c, pos)
+            if got is None or literal(got) == d:
+                return True
+        return False
 
     def _loader_kind(self, node, frame) -> str:
         """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
         known to the dry run), ``range`` (a range of steps: how it relates to an epoch is not known), ``while``."""
         if not isinstance(node, cst.For):
             return "while"
-        it = _unwrap_iter(node.iter)
+        it = self._held_iter(_unwrap_iter(node.iter), frame)
         if isinstance(it, cst.Call) and call_name(it) == "enumerate":
             tgt = node.target
             if isinstance(tgt, (cst.Tuple, cst.List)) and tgt.elements and isinstance(tgt.elements[0].value, cst.Name):
@@ -1680,9 +1751,13 @@ class _Runner:
     def _initial(self, name: str, frame):
         """A name first read in the run: the accumulation factor, a resolved constant, the value a counter had
         before the loop, or an unknown (loop-invariant unknowns split configurations)."""
+        func = frame.func
+        if self._xfn is not None and func is not None and project.info_of(func) is not None:
+            head = name.split(".")[0]
+            if head not in {p.name.value for p in list(func.params.params) + list(func.params.kwonly_params)}:
+                return _Unk(True, name)  # a global of the sibling module: this file's binding of the name is not it
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
-        func = frame.func
         if name in self.pinned and frame.depth == 0:
             return Num(self.pinned[name], text=name)
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
@@ -1928,7 +2003,7 @@ class _Runner:
             if isinstance(base, Tensor):
                 return base
             if isinstance(base, ListVal):
-                return self._joined(base.items)
+                return self._joined(base)
             return self._resolved(e, frame)
         if tp is cst.IfExp:
             c = self.truth(e.test, frame)
@@ -1948,8 +2023,9 @@ class _Runner:
             return v
         if tp in (cst.Tuple, cst.List):
             vals = [self.ev(el.value, frame) for el in e.elements]
-            if tp is cst.List and not any(isinstance(el, cst.StarredElement) for el in e.elements):
-                return ListVal(v for v in vals if isinstance(v, Tensor))
+            if tp is cst.List and all(isinstance(v, Tensor) for v in vals) and \
+                    not any(isinstance(el, cst.StarredElement) for el in e.elements):
+                return ListVal(vals)  # ``[]`` or a list of losses; anything else stays unknown
             return UNK
         if tp is cst.Float:
             return UNK
@@ -1957,6 +2033,17 @@ class _Runner:
             return UNK
         if tp is cst.Dict:
             return self._dict(e, frame)  # ``return {"loss": loss}``: the slots are followed
+        if tp in (cst.ListComp, cst.GeneratorExp) and e.for_in.inner_for_in is None and not e.for_in.ifs and \
+                type(e.elt) is cst.Name and type(e.for_in.target) is cst.Name and e.elt.value == e.for_in.target.value:
+            # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
+            it = self.ev(e.for_in.iter, frame)
+            if isinstance(it, ListVal):
+                out = ListVal(it.items)
+                out.other = it.other
+                return out
+            if isinstance(it, Tensor):
+                return ListVal([it])
+            return UNK
         if tp in (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp):
             return UNK
         return UNK
@@ -2130,6 +2217,12 @@ class _Runner:
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
+        if rkind is not None and recv is not None and attr in _RELEVANT and recv != "self":
+            xfn = self._callee(call, frame)
+            if xfn is not None and project.info_of(xfn) is not None:
+                # ``updater.step(loss, i)`` on an instance of a sibling module's class: its own method runs (the
+                # backward and the optimizer step it makes), whatever role the receiver's usage suggests
+                rkind, conf = None, False
         if recv is None and type(recv_node) is cst.Subscript:
             # ``self.optimizer[name].step()``: an item of a container the file fills with optimizers
             rkind, conf = self.dr.item_role(recv_node, frame.func)
@@ -2142,17 +2235,20 @@ class _Runner:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
         if isinstance(base, ListVal):
-            if attr in ("append", "insert") and argv and isinstance(argv[-1], Tensor):
+            if attr in ("append", "insert") and argv:
                 base.add(argv[-1])
             elif attr == "extend" and argv and isinstance(argv[0], ListVal):
                 for v in argv[0].items:
                     base.add(v)
+                base.other = base.other or argv[0].other
+            elif attr == "extend":
+                base.other = True
             elif attr == "pop":
-                return self._joined(base.items)
+                return self._joined(base)
             return UNK
         if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
                 isinstance(argv[0], ListVal):
-            return self._joined(argv[0].items)  # ``torch.stack(losses).mean()``: the losses' common scale
+            return self._joined(argv[0])  # ``torch.stack(losses).mean()``: the losses' common scale
         if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
                  "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
@@ -2214,6 +2310,10 @@ class _Runner:
         if attr == "zero_grad":
             if rkind in ("optimizer", "ds_optimizer"):
                 eff, why = self._prepared_effect(recv)
+                if eff is not False and recv is not None and recv in f.prepared and _accelerate_deepspeed(self.dr):
+                    # accelerate 1.15 utils/deepspeed.py DeepSpeedOptimizerWrapper.zero_grad: `pass` — the engine's
+                    # step (run by accelerator.backward on the sync step) clears the gradients itself
+                    eff, why = False, "a no-op under accelerate's DeepSpeed (the engine clears the gradients)"
                 self.emit("zero_grad", call, opt=recv or "", of="optimizer", effective=eff, why=why, confident=conf,
                           via="ds" if rkind == "ds_optimizer" else "")
             elif rkind == "engine":
@@ -2264,7 +2364,7 @@ class _Runner:
                 if nm == "sum" and argv and isinstance(argv[0], Tensor):
                     return argv[0]
                 if nm == "sum" and argv and isinstance(argv[0], ListVal):
-                    return self._joined(argv[0].items)
+                    return self._joined(argv[0])
                 return Num(None)
             if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
                       "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
@@ -2277,7 +2377,8 @@ class _Runner:
                 # is given — handed no accumulation factor (nor a config object that may hold one), its result
                 # does not depend on N
                 n_free = not any(a.star for a in call.args) and not any(
-                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) for v in argv)
+                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) or (isinstance(v, ListVal) and v.other)
+                    for v in argv)
                 kind = T.WEIGHT if n_free else T.OTHER
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
@@ -2343,11 +2444,11 @@ class _Runner:
                 self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
                 return
 
-    def _joined(self, items) -> Any:
+    def _joined(self, lst) -> Any:
         """The values of a list taken together (``sum(losses)``, ``losses[i]``): their common scale (unknown when
         they differ), and the forward they come from when all of theirs ran with the same gradient sync."""
-        ts = [v for v in items if isinstance(v, Tensor)]
-        if not ts:
+        ts = [v for v in lst.items if isinstance(v, Tensor)]
+        if not ts or lst.other:
             return UNK
         scale = ts[0].scale if all(t.scale is not None and t.scale == ts[0].scale for t in ts) else None
         graphs = [t for t in ts if t.graph]
@@ -2646,6 +2747,9 @@ def _ddp_fact(dr) -> Optional[tuple]:
         if len(outer) == 1 and len({ch[-1][1] for ch in chains}) == 2:
             return (True, "", "wrap")
         return (True, chains[0][0][2], "wrap")
+    sib = _sibling_ddp(dr)
+    if sib is not None:
+        return sib
     # a parameter annotated as one (``def train(model: DistributedDataParallel, ...)``)
     t = dr.f.t
     for d in t.defs:
@@ -2666,6 +2770,55 @@ def _ddp_fact(dr) -> Optional[tuple]:
         return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
                       f"`world-size`", "launch")
     return None
+
+
+def _accelerate_deepspeed(dr) -> bool:
+    """accelerate runs the script under DeepSpeed: a ``DeepSpeedPlugin`` in the code, every accelerate launcher
+    config beside the script with ``distributed_type: DEEPSPEED``, or a script written for it (``DummyOptim``);
+    the prepared optimizer is then accelerate's ``DeepSpeedOptimizerWrapper``."""
+    memo = dr.__dict__.get("_acc_ds")
+    if memo is None:
+        memo = dr.f.accelerator_deepspeed is not None
+        if not memo:
+            try:
+                from bertlint.analysis.configfiles import deepspeed_enabled_for
+
+                memo = deepspeed_enabled_for(dr.ctx)[0] is True
+            except Exception:
+                memo = False
+        dr.__dict__["_acc_ds"] = memo
+    return memo
+
+
+def _is_ddp_q(q: str) -> bool:
+    return q.endswith("DistributedDataParallel") and q.startswith("torch")
+
+
+def _sibling_ddp(dr) -> Optional[tuple]:
+    """The model handed to a factory of a sibling module that wraps it in DistributedDataParallel and returns it
+    (``model, opt = distributed_opt(args, model, opt)``, ``bertlint.analysis.project``): ``(True, when, "wrap")``
+    as ``_ddp_fact`` gives it, the conditions read in the sibling and its file and line named."""
+    xp = project.for_module(dr.ctx.module)
+    if xp is None:
+        return None
+
+    def is_model(text: str) -> bool:
+        try:
+            return dr.roles is not None and dr.roles.role(text) in _MODEL_ROLES
+        except Exception:
+            return False
+
+    try:
+        hit = xp.wrapped_by_factory(_is_ddp_q, dr.f, is_model)
+    except Exception:
+        hit = None
+    if hit is None:
+        return None
+    call, conds, info, site = hit
+    at = project.where(call, info) or info.name
+    fname = dr.code(site.func)
+    by = f"by `{fname}` at {at}"
+    return (True, f"when {' and '.join(conds)}, {by}" if conds else by, "wrap")
 
 
 def _accelerate_plugin(dr) -> bool:

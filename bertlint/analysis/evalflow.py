@@ -59,6 +59,11 @@ _NOT_MODEL_TOKENS = {
     "id", "ids", "file", "files", "class", "cls", "fn", "func", "inputs", "outputs", "output", "str", "url", "key",
     "card", "size", "version", "state", "dict", "info", "params", "parameters", "tokenizer", "output_dir",
     "checkpoint", "ckpt", "registry", "factory", "builder", "list",
+    # verbs and serialisers: a call named for an action on a model, or pydantic's BaseModel methods
+    # (`trainer.save_model(...)`, `accelerator.unwrap_model(...)`, `get_model()`, `resp.model_dump_json()`), is no
+    # forward of a model
+    "save", "load", "dump", "json", "schema", "validate", "build", "get", "create", "make", "unwrap", "wrap",
+    "prepare", "freeze", "unfreeze", "print", "log", "export", "push", "upload", "download", "resize", "summary",
 }
 
 _MODEL_CTOR = re.compile(
@@ -760,6 +765,10 @@ class EvalFlow:
             return False
         if not step and self._method_forward(call) is not None:
             return True
+        if not step and self._own_method(call) is not None:
+            # `self.eval_model(data)`: a method of the enclosing class, not a module attribute; its own forwards are
+            # judged where they are, with the grad mode of this call
+            return False
         if isinstance(self.parent.get(call), cst.Await):
             return False
         head = d.split(".")[0]

@@ -35,7 +35,7 @@ API (``ctx.loops`` is a :class:`FileLoops`)::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Iterator, Optional, Union
 
 import libcst as cst
@@ -420,9 +420,11 @@ class FileLoops:
         return None
 
     def _read_accelerator(self, call: cst.Call) -> None:
-        if any(a.star == "**" for a in call.args):
-            self.accelerator_ga_unknown = True
         ga = kwarg(call, "gradient_accumulation_steps")
+        if any(a.star == "**" for a in call.args) and ga is None:
+            # (an explicit ``gradient_accumulation_steps=`` decides: the same key in ``**kwargs`` is a TypeError, a
+            # plugin there a ValueError)
+            self.accelerator_ga_unknown = True
         if ga is not None:
             self.accelerator_ga = self.factor(ga, "accelerator", None)
         plugin = self._resolve_call(kwarg(call, "gradient_accumulation_plugin"))

@@ -359,14 +359,15 @@ def _note(path: str) -> None:
 class Scope:
     """Where imports are resolved from: a directory, the project root, the imports, the hops used so far."""
 
-    __slots__ = ("path", "dir", "root", "imports", "hops")
+    __slots__ = ("path", "dir", "root", "imports", "hops", "linted")
 
-    def __init__(self, path: str, root: Optional[str], imports: dict, hops: int) -> None:
+    def __init__(self, path: str, root: Optional[str], imports: dict, hops: int, linted: str = "") -> None:
         self.path = path
         self.dir = os.path.dirname(path)
         self.root = root
         self.imports = imports
         self.hops = hops
+        self.linted = linted or path  # the linted file: never read back as a sibling (an import cycle)
 
 
 def _inside(path: str, top: str) -> bool:
@@ -408,7 +409,7 @@ def _module_target(scope: Scope, dotted_name: str, level: int) -> Optional[Targe
     if scope.hops >= MAX_HOPS:
         return None
     p = find_module(scope, dotted_name, level)
-    if p is None or p == os.path.abspath(scope.path):
+    if p is None or p == os.path.abspath(scope.path) or p == os.path.abspath(scope.linted):
         return None
     if _READING is not None:
         _READING.add(p)
@@ -432,7 +433,7 @@ def _member(t: Target, name: str, scope: Scope, seen: set) -> Optional[Target]:
     cls = info.cls(name)
     if cls is not None:
         return Target("class", cls, info)
-    sub_scope = Scope(info.path, scope.root, info.imports, scope.hops + 1)
+    sub_scope = Scope(info.path, scope.root, info.imports, scope.hops + 1, scope.linted)
     if name in info.imports and (info.path, name) not in seen:  # re-exported: one more hop
         seen.add((info.path, name))
         return _resolve_local(sub_scope, name, seen)
@@ -479,9 +480,27 @@ class Project:
             os.environ.get("BERTLINT_NO_PROJECT") is None
         self._scope: Optional[Scope] = None
         self._memo: dict = {}
+        self._calls: dict = {}
         self.read: set = set()  # the sibling files this lint looked at
         if self.path:
             _READERS[self.path] = self.read
+
+    @property
+    def has_siblings(self) -> bool:
+        """Does any import of the linted file name a module of the project (one look per import, cached)? When
+        none does, every question here is answered at once."""
+        v = self.__dict__.get("_has_sib")
+        if v is None:
+            v = False
+            if self.enabled:
+                sc = self.scope
+                for mod, level, attr in sc.imports.values():
+                    if find_module(sc, mod, level) is not None or (
+                            attr and find_module(sc, f"{mod}.{attr}" if mod else attr, level) is not None):
+                        v = True
+                        break
+            self._has_sib = v
+        return v
 
     @property
     def scope(self) -> Scope:
@@ -501,7 +520,7 @@ class Project:
     def _resolve(self, dotted_name: Optional[str], in_def=None, info: Optional[ModuleInfo] = None) -> Optional[Target]:
         """What a name (``f``, ``tu.f``, ``Cls``) refers to in the project: seen from the linted file, or from
         the sibling module holding ``in_def`` (a foreign function / class). None: not a sibling's definition."""
-        if not self.enabled or not dotted_name:
+        if not dotted_name or not self.has_siblings:
             return None
         scope = self.scope
         if info is None and in_def is not None:
@@ -521,7 +540,7 @@ class Project:
                 for p in dotted_name.split(".")[1:]:
                     t = _member(t, p, scope, set()) if t is not None else None
             else:
-                t = resolve_in(Scope(info.path, scope.root, info.imports, 1), dotted_name)
+                t = resolve_in(Scope(info.path, scope.root, info.imports, 1, self.path), dotted_name)
         else:
             if dotted_name.split(".")[0] not in scope.imports:
                 self._memo[key] = None
@@ -539,9 +558,17 @@ class Project:
         return info.method_class.get(id(func)) if info is not None else None
 
     def callee(self, call: cst.Call, func, cls, loops) -> Optional[cst.FunctionDef]:
+        if not self.has_siblings:
+            return None
+        key = (id(call), id(func), id(cls))
+        memo = self._calls
+        hit = memo.get(key)
+        if hit is not None and hit[0] is call:
+            return hit[1]  # (the dry run asks again on every micro-batch of every configuration)
         fn = self._callee(call, func, cls, loops)
         if fn is not None and owns_training_loop(fn):
-            return None  # the sibling's own training loop: reported when that file is linted, never twice
+            fn = None  # the sibling's own training loop: reported when that file is linted, never twice
+        memo[key] = (call, fn)
         return fn
 
     def _callee(self, call: cst.Call, func, cls, loops) -> Optional[cst.FunctionDef]:
@@ -602,7 +629,7 @@ class Project:
         train_util.prepare_accelerator(args)``): ``(constructor Call in the sibling, {param: caller's argument
         text}, sibling ModuleInfo, target name)`` when every binding of the target comes from such a factory whose
         ``return`` hands back a constructor with qualified name in ``names``; None otherwise (unknown)."""
-        if not self.enabled:
+        if not self.has_siblings:
             return None
         key = ("factory", names)
         if key in self._memo:
@@ -635,6 +662,43 @@ class Project:
                         binds[a.keyword.value] = _code(a.value)
             res = (built, binds, tg.info, target, tg.node)
             break
+        self._memo[key] = res
+        return res
+
+    def wrapped_by_factory(self, qual_ok, loops, is_model) -> Optional[tuple]:
+        """A model the linted file hands to a sibling's factory that wraps it and hands it back
+        (``model, opt = distributed_opt(args, model, opt)`` whose body returns ``DistributedDataParallel(model)``):
+        ``(wrapping Call in the sibling, [condition texts it runs under, outermost first], ModuleInfo, site Call)``.
+        ``qual_ok(qualname)`` says which constructor wraps; ``is_model(expr text)``, which argument is a model.
+        None when no such factory is seen."""
+        if not self.has_siblings:
+            return None
+        key = ("wrap", id(qual_ok))
+        if key in self._memo:
+            return self._memo[key]
+        self._memo[key] = None
+        res = None
+        pairs = [(target, a.value) for target, assigns in loops.t.assignments.items() for a in assigns]
+        pairs += [(n, call) for names, call, _ in getattr(loops.t, "unpacks", ()) for n in names if n]
+        for target, c in pairs:
+            if True:
+                if not isinstance(c, cst.Call):
+                    continue
+                cn = _dotted(c.func)
+                if cn is None or cn.split(".")[0] not in self.scope.imports:
+                    continue
+                tg = self.resolve(cn)
+                if tg is None or tg.kind != "function":
+                    continue
+                args = [_code(x.value) for x in c.args if not x.star]
+                if not (target in args or any(is_model(t) for t in args)):
+                    continue  # the factory is not handed the model it gives back
+                hit = _returned_wrap(tg.node, tg.info, qual_ok)
+                if hit is not None:
+                    res = (hit[0], hit[1], tg.info, c)
+                    break
+            if res is not None:
+                break
         self._memo[key] = res
         return res
 
@@ -815,6 +879,58 @@ def _returned_constructor(fn: cst.FunctionDef, info: ModuleInfo, names: tuple) -
         else:
             return None
     return found[0] if len(found) == 1 else None
+
+
+def _returned_wrap(fn: cst.FunctionDef, info: ModuleInfo, qual_ok) -> Optional[tuple]:
+    """(wrapping Call, [condition texts]) of a sibling function that returns (alone or in a tuple) the result of
+    a wrapping constructor ``qual_ok`` accepts, directly or through a name it assigns."""
+    try:
+        sym = info.symbols
+    except Exception:
+        return None
+    returned: set = set()
+    ret_calls: list = []
+    wraps: list = []  # (call, assigned name | None, conditions)
+
+    def visit(stmts, conds):
+        for st in stmts:
+            if isinstance(st, cst.If):
+                c = _code(st.test)
+                visit(_body(st.body), conds + [f"`{c}`"])
+                orelse = st.orelse
+                neg = [f"not `{c}`"]
+                while isinstance(orelse, cst.If):  # elif chains
+                    c2 = _code(orelse.test)
+                    visit(_body(orelse.body), conds + neg + [f"`{c2}`"])
+                    neg = neg + [f"not `{c2}`"]
+                    orelse = orelse.orelse
+                if orelse is not None:
+                    visit(_body(orelse.body), conds + neg)
+            elif isinstance(st, (cst.For, cst.While, cst.With, cst.Try)):
+                visit(_body(st.body), conds + ["(inside a block)"])
+            elif isinstance(st, cst.SimpleStatementLine):
+                for sm in st.body:
+                    if isinstance(sm, cst.Return) and sm.value is not None:
+                        vals = sm.value.elements if isinstance(sm.value, cst.Tuple) else [sm.value]
+                        for v in vals:
+                            e = getattr(v, "value", v)
+                            if isinstance(e, cst.Name):
+                                returned.add(e.value)
+                            elif isinstance(e, cst.Call):
+                                ret_calls.append((e, conds))
+                    elif isinstance(sm, cst.Assign) and isinstance(sm.value, cst.Call) and len(sm.targets) == 1 \
+                            and isinstance(sm.targets[0].target, cst.Name):
+                        wraps.append((sm.value, sm.targets[0].target.value, conds))
+
+    visit(_body(fn.body), [])
+    for call, name, conds in wraps + [(c, None, cd) for c, cd in ret_calls]:
+        if not qual_ok(sym.qualname(call.func) or ""):
+            continue
+        if name is None or name in returned:
+            if "(inside a block)" in conds:
+                return None  # under a loop / with / try: not read
+            return call, conds
+    return None
 
 
 def _code(node) -> str:

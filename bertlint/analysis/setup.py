@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from functools import lru_cache
 from typing import Any, Optional
 
@@ -358,6 +358,9 @@ def project_class(base_dir: str, module: str, name: str, level: int = 0, depth: 
     path = _module_file(base_dir, module, level)
     if path is None:
         return None
+    from bertlint.analysis.project import _note
+
+    _note(os.path.abspath(path))  # a dependency of the cached result (read now or parsed earlier in the process)
     try:
         got = _parsed(os.path.abspath(path), os.stat(path).st_mtime)
     except OSError:

@@ -33,7 +33,7 @@ No ScopeProvider / QualifiedNameProvider: they cost several times the parse.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Any, Optional, Union
 
 import libcst as cst
@@ -104,9 +104,31 @@ def positional(call: cst.Call, index: int) -> Optional[cst.BaseExpression]:
 
 _EMPTY_MODULE = cst.Module(body=[])
 
+try:  # libcst's code generation without its per-node ``contextmanager`` (which only positions use): same text
+    from contextlib import nullcontext as _nullcontext
 
-def code_of(node: cst.CSTNode) -> str:
-    return _EMPTY_MODULE.code_for_node(node)
+    from libcst._nodes.internal import CodegenState as _CodegenState
+
+    _NO_POSITION = _nullcontext()
+
+    class _CodeState(_CodegenState):
+        __slots__ = ()
+
+        def record_syntactic_position(self, node, *, start_node=None, end_node=None):  # type: ignore[override]
+            return _NO_POSITION
+
+    _INDENT, _NEWLINE = _EMPTY_MODULE.default_indent, _EMPTY_MODULE.default_newline
+
+    def code_of(node: cst.CSTNode) -> str:
+        """``Module([]).code_for_node(node)``: the node's source text (comments inside it included)."""
+        state = _CodeState(default_indent=_INDENT, default_newline=_NEWLINE)
+        node._codegen(state)
+        return "".join(state.tokens)
+
+except Exception:  # libcst's internals moved: its public way
+
+    def code_of(node: cst.CSTNode) -> str:
+        return _EMPTY_MODULE.code_for_node(node)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterable, Optional
 

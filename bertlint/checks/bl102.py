@@ -21,7 +21,17 @@ def check(ctx) -> None:
     for run, v, tr in _ga.violations(ctx, "BL102", _ga.PLAIN_OWNERS + ("accelerate",)):
         e = v.event
         step = v.related[0] if v.related else None
-        if e.meta.get("in_accumulate"):
+        prepared = e.of == "optimizer" and e.opt in ctx.loops.prepared
+        if e.meta.get("in_accumulate") and prepared:
+            # the prepared optimizer's zero_grad is skipped off the sync step, but on the sync micro-batch it runs
+            # before that micro-batch's backward (accelerate 1.15 optimizer.py AcceleratedOptimizer.zero_grad)
+            msg = (f"`{e.text}` runs before the backward inside `accelerator.accumulate()`: "
+                   f"{_ga.fw(ctx, 'accelerate')} skips the prepared optimizer's `zero_grad()` off the sync step, but "
+                   f"on the sync micro-batch it takes effect before that micro-batch's backward and erases the "
+                   f"gradients the window accumulated{_ga.when(tr)}: {v.message}. Call `{e.text}` after "
+                   f"`optimizer.step()` (accelerate skips it off the sync step there too).")
+            fix = None
+        elif e.meta.get("in_accumulate"):
             msg = (f"`{e.text}` inside `accelerator.accumulate()` clears the model's gradients on every micro-batch "
                    f"({_ga.fw(ctx, 'accelerate')} skips only the prepared optimizer's `zero_grad()` off the sync "
                    f"step){_ga.when(tr)}: {v.message}. Call `optimizer.zero_grad()` on the prepared optimizer "

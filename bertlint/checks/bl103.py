@@ -18,6 +18,14 @@ def check(ctx) -> None:
     f = ctx.loops
     for run, v, tr in _ga.violations(ctx, "BL103", ("plain", "fabric", "lightning-manual")):
         n = _ga.n_of(tr)
+        if v.data.get("kind") == "uneven":
+            _ga.treport(
+                ctx, run, tr, v.event.node,
+                f"The micro-batches of one accumulation window are weighted unequally{_ga.when(tr)}: {v.message}. "
+                f"Divide every micro-batch's loss by the window length {_ga.n_shown_t(tr)}, not by a running count. "
+                f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})",
+            )
+            continue
         sgd = any(k == "optimizer" and "SGD" in (_ctor(f, name) or "") for name, k in f.kinds.items())
         _ga.treport(
             ctx, run, tr, v.event.node,

@@ -45,31 +45,45 @@ def check(ctx) -> None:
     done: set = set()
     for run in dryrun.of(ctx):
         for tr in run.traces:
-            f = _divided_by_n(tr)
-            if f is None or id(f.node) in done:
+            got = _divided_by_n(tr)
+            if got is None:
                 continue
-            done.add(id(f.node))
+            f, b = got
+            node = f.node if f.node is not None else b.node
+            if node is None or id(node) in done:
+                continue
+            done.add(id(node))
+            if f.kind == T.ACCUM_FRAMEWORK:
+                # accelerate's backward divides each micro-batch's loss by N (REFERENCE §2.1): the same mean of means
+                head = (f"`{_ga.code_of(node).strip()}` back-propagates a token-level loss ({m.group(0)}) averaged "
+                        f"per micro-batch, and {_ga.fw(ctx, 'accelerate')} divides it by the Accelerator's "
+                        f"`gradient_accumulation_steps` ({f.text})")
+            else:
+                head = (f"`{_ga.code_of(node).strip()}` averages a token-level loss ({m.group(0)}) per micro-batch and "
+                        f"then divides by the number of micro-batches")
             _ga.treport(
-                ctx, run, tr, f.node,
-                f"`{_ga.code_of(f.node).strip()}` averages a token-level loss ({m.group(0)}) per micro-batch and then "
-                f"divides by the number of micro-batches: tokens of a micro-batch with few labelled tokens weigh more "
-                f"than those of a full one, so the update differs from the full-batch one (5–8 % on uneven masks). "
-                f"Sum the per-token losses and divide by the window's count of labels != -100.",
+                ctx, run, tr, node,
+                f"{head}: tokens of a micro-batch with few labelled tokens weigh more than those of a full one, so the "
+                f"update differs from the full-batch one (5–8 % on uneven masks, `exp_token_normalization.out`). Sum "
+                f"the per-token losses and divide by the window's count of labels != -100.",
             )
             break  # one finding per loop
 
 
 def _divided_by_n(tr):
-    """The user's ``/ N`` factor of the loss reaching the backwards of a hand-written loop that accumulates (its
-    updates sum N backwards), or None."""
-    if not tr.complete or tr.owner not in ("plain", "fabric") or tr.n is None or tr.n <= 1:
+    """(factor, backward): the ``/ N`` of the loss reaching the backwards of a loop that accumulates (its updates sum
+    N backwards) — the user's in a hand-written loop, accelerate's in ``accelerator.backward`` — or None."""
+    if not tr.complete or tr.owner not in ("plain", "fabric", "accelerate") or tr.n is None or tr.n <= 1:
         return None
     wins = tr.window_structure()
     if not wins or not any(len([b for b in w.backwards if b.certain]) == tr.n for w in wins):
         return None
     for b in tr.of("backward"):
-        if b.certain and b.scale is not None:
+        if b.certain and b.scale is not None and b.scale.n_power == -1:
             for f in b.scale.by(T.ACCUM_USER):
-                if f.power == -1 and f.node is not None:
-                    return f
+                if f.power == -1 and f.node is not None and tr.owner != "accelerate":
+                    return f, b
+            for f in b.scale.by(T.ACCUM_FRAMEWORK):
+                if f.power == -1 and f.who == "accelerator.backward()" and tr.owner == "accelerate":
+                    return f, b
     return None

@@ -23,7 +23,7 @@ import os
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from bertlint._dataclass import dataclass, field
 from typing import Any, Optional
 from urllib.parse import unquote, urlparse
 
