@@ -859,9 +859,17 @@ def _counter_gate_factor(dr, loop):
             ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
         for cnt, bound in pairs:
             c, b = dotted(cnt), dotted(bound)
-            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b):
+            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b) and _reset_in(loop.node, c):
                 return dr.f.factor(bound, "gate", loop.func)
     return None
+
+
+def _reset_in(node, name: str) -> bool:
+    """``name = 0`` somewhere inside the loop: a window counter (restarted after each step)."""
+    for n in _walk(node):
+        if type(n) is cst.Assign and literal(n.value) == 0 and any(dotted(t.target) == name for t in n.targets):
+            return True
+    return False
 
 
 def _callee_window(dr, loop):

@@ -14,13 +14,33 @@ Rules (never import or execute user code):
   A relative import (``from .train_utils import f``) is resolved from the file's package, never above the root.
   Nothing inside ``site-packages`` / ``dist-packages`` is read, and the top-level names of the frameworks the
   rules model (``torch``, ``transformers`` ...) are never looked for in the project.
-- **When**: a module is parsed (libcst) only when the analysis asks for a body; parsed modules are cached per
-  process, keyed by path, size and mtime.
+- **When**: a module is read only when the analysis asks about a name it imports; its outline comes from ``ast``
+  and a definition is parsed with libcst only when its body is needed; modules are cached per process, keyed by
+  path, size and mtime.
 - **Bounds**: at most ``MAX_HOPS`` imports away from the linted file, files up to ``MAX_BYTES``.
 - **Unknown stays unknown**: a missing, unreadable, oversized or unparsable file gives None (the fact is
   unknown; no default replaces it).
 - **Caches**: every sibling read is reported to ``bertlint.cache`` (``note_dependency``), so a cached result is
   invalidated when that file changes.
+
+Where the analysis asks (each hook is a few lines in its module; nothing is read when the file imports no module
+of the project):
+
+- ``loops.FileLoops.callee``: an imported function, the ``__call__`` / method of an instance of an imported class
+  (``loss_scaler(loss, opt)``, ``updater.step(loss, i)``; the instance from the file's assignments, or a
+  parameter bound at the file's own call sites), a method inherited from a sibling's base class, and the calls
+  made inside an inlined sibling function (resolved in that module). A sibling function holding its own training
+  loop is not followed (its file reports it). The dry run uses the sibling's roles and qualified names in its
+  frames, treats the sibling's globals as unknown, and reports at the linted file's call (``ctx.report`` names the
+  other file and line).
+- dry run facts: an Accelerator built by a sibling factory (its ``gradient_accumulation_steps``, parameters mapped
+  to the caller's arguments), a model wrapped in ``DistributedDataParallel`` by a sibling factory (with the
+  conditions it is wrapped under).
+- ``roles``: what a sibling factory returns (``build_optimizer`` -> ``torch.optim.AdamW``), the family of a class
+  whose base is in a sibling (a LightningModule / Trainer subclass).
+- ``setup.project_class`` (Trainer / TrainingArguments classes of the project, read by setup.py itself) reports
+  the files it reads as cache dependencies; ``bertlint.lsp.server`` re-lints an open file when a sibling its last
+  lint read is saved (``reads``).
 
 API::
 
@@ -615,7 +635,11 @@ class Project:
                 if cls is None or info_of(cls) is not None:
                     return None
                 base = self.base_class(cls, loops)
-                return base.info.method(base.node, fn.attr.value) if base is not None else None
+                m = base.info.method(base.node, fn.attr.value) if base is not None else None
+                if m is None:  # ``self.loss_scaler(loss, opt)``: an attribute holding an instance of a sibling class
+                    c = self.instance_class(f"self.{fn.attr.value}", func, loops, 0)
+                    m = c.info.method(c.node, "__call__") if c is not None else None
+                return m
             t = self.resolve(f"{d}.{fn.attr.value}")
             if t is not None:
                 return t.node if t.kind == "function" else None
@@ -808,10 +832,6 @@ def info_of(node) -> Optional[ModuleInfo]:
         if hit is not None and hit[0] is node:
             return hit[1]
     return None
-
-
-def is_foreign(node) -> bool:
-    return info_of(node) is not None
 
 
 def where(node, info: Optional[ModuleInfo] = None) -> Optional[str]:
