@@ -151,7 +151,8 @@ def global_key() -> str:
     """bertlint itself: version, Python, the package's files, the registered rules (once per run)."""
     from bertlint import __version__
 
-    blob = json.dumps([FORMAT, __version__, sys.version, _package_stamp(), _rules_stamp()])
+    blob = json.dumps([FORMAT, __version__, sys.version, _package_stamp(), _rules_stamp(),
+                       bool(os.environ.get("BERTLINT_NO_PROJECT"))])  # (the project's modules not read: other results)
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
 

@@ -154,6 +154,30 @@ def _release(ctx) -> None:
     walk.release_children()
 
 
+DATABRICKS_HEADER = "# Databricks notebook source"
+
+
+def databricks_to_python(source: str) -> str:
+    """A Databricks notebook exported as ``.py`` (first line ``# Databricks notebook source``, cells separated by
+    ``# COMMAND ----------``) may hold IPython shell / magic lines in its Python cells (``!deepspeed ... \\``,
+    ``%pip install ...``), which Databricks runs but Python cannot parse: each cell's such lines become ``pass``
+    (same number of lines, so every position stays where it was), as for a Jupyter notebook's code cells."""
+    from bertlint.sources import cell_to_python
+
+    lines = source.splitlines(keepends=True)
+    out: list[str] = []
+    cell: list[str] = []
+    for line in lines:
+        if line.startswith("# COMMAND ----------"):
+            out.extend(cell_to_python(cell))
+            out.append(line)
+            cell = []
+        else:
+            cell.append(line)
+    out.extend(cell_to_python(cell))
+    return "".join(out)
+
+
 def lint_python(source: str, filename: str, settings: Optional[Settings] = None, parse=None) -> list[Diagnostic]:
     """``parse``: what turns the text into a module or a syntax error (default ``parse_python``; the language
     server passes one that re-parses only the statements an edit touched, ``bertlint.incremental``)."""
@@ -162,6 +186,12 @@ def lint_python(source: str, filename: str, settings: Optional[Settings] = None,
         return []
     with _NoGC():
         module = (parse or parse_python)(source)
+        if isinstance(module, tuple) and source.startswith(DATABRICKS_HEADER):
+            py = databricks_to_python(source)
+            if py != source:
+                again = parse_python(py)
+                if not isinstance(again, tuple):
+                    source, module = py, again
         if isinstance(module, tuple):
             if not settings.is_enabled("BL001"):
                 return []

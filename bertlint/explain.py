@@ -479,6 +479,8 @@ def _explain_loop(ctx, fs, run, versions, world, world_src, world_known, seq_len
     acc = run.factor
     row = ctx.span(lp.node)[0].row
     n = acc.value if acc is not None and acc.value is not None else (None if acc is not None else 1)
+    if acc is None and not any(t.complete for t in run.traces):
+        n = None  # no factor before the run and no complete run: not known (never a default of 1)
     b, b_src = _loop_batch_size(ctx, lp)
     models = list(fs.models)
     model = models[0] if len(models) == 1 else None

@@ -372,3 +372,36 @@ def test_sum_over_an_inner_loop_marks_the_backward_after_it():
     # a float running total (``.item()``) carries no graph
     (run,) = runs(src.replace("model(**batch).loss\n", "model(**batch).loss.item()\n"))
     assert all(not b.graph_loop for b in run.main.of("backward"))
+
+
+def test_accumulation_factor_by_usage_from_the_probe_run():
+    # N is what gates the optimizer step, whatever it is called and however large (the probe run is shorter than
+    # the window: a period of known value is left undecided there)
+    (run,) = runs("""
+    import torch
+    every = 8
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, b in enumerate(loader):
+        (model(b) / every).backward()
+        if (i + 1) % every == 0:
+            opt.step()
+            opt.zero_grad()
+    """)
+    assert (run.factor.text, run.factor.value, run.factor.source) == ("every", 8, "gate")
+    assert run.main.n == 8 and {len(w.backwards) for w in run.main.windows("opt")} >= {8}
+    # a GAN's generator: its own backward and step every n_critic micro-batches is not accumulation
+    (run,) = runs("""
+    import torch
+    n_critic = 5
+    opt_d = torch.optim.Adam(disc.parameters())
+    opt_g = torch.optim.Adam(gen.parameters())
+    for i, b in enumerate(loader):
+        opt_d.zero_grad()
+        disc_loss(b).backward()
+        opt_d.step()
+        if i % n_critic == 0:
+            opt_g.zero_grad()
+            gen_loss(b).backward()
+            opt_g.step()
+    """)
+    assert run.factor is None and run.main.n is None

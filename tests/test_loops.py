@@ -1,5 +1,6 @@
-"""The training-loop analysis (bertlint/analysis/loops.py): loops, index, N, gates, events, owners; and code it
-cannot understand gives no finding and no exception."""
+"""The training-loop discovery (bertlint/analysis/loops.py: loops, index, calls, owners) and what the dry run makes of
+them (bertlint/analysis/dryrun.py: N, the windows each call runs in); and code neither understands gives no finding
+and no exception."""
 
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ def model(src: str) -> L.FileLoops:
     m = cst.parse_module(textwrap.dedent(src))
     t = build(m)
     return L.FileLoops(m, t, Resolver(t))
+
+
+def dry(src: str) -> list:
+    """The dry run's loops (LoopRun: .loop, .factor, .traces)."""
+    from bertlint.analysis import dryrun
+    from bertlint.context import FileContext
+
+    src = textwrap.dedent(src)
+    return list(dryrun.of(FileContext("t.py", src, cst.parse_module(src), None)))
+
+
+def sizes(tr) -> list:
+    return [len(w.backwards) for w in tr.windows()]
 
 
 def codes(src: str) -> list[tuple[str, int]]:
@@ -49,15 +63,14 @@ def test_inner_loop_is_the_training_loop_with_index_and_n():
     loop = f.loops[0]
     assert isinstance(loop.node, cst.For) and loop.outer  # the epoch loop is recorded as outer
     assert loop.index.name == "step" and loop.index.start == 1
-    acc = loop.accum()
-    assert acc.value == 8 and acc.text == "args.gradient_accumulation_steps"
     assert loop.owner == "plain"
     kinds = [e.kind for e in loop.events]
     assert kinds == ["backward", "opt_step", "opt_zero"]
-    step = loop.steps[0]
-    assert step.per_window and not step.per_micro_batch
-    g = step.frequency_gates[0]
-    assert g.kind == "modulo" and g.last_clause and g.offset == 0
+    (run,) = dry(PLAIN)
+    acc = run.factor
+    assert acc.value == 8 and acc.text == "args.gradient_accumulation_steps" and acc.source == "gate"
+    # the step once per window of 8, and on the epoch's last micro-batch (``or step == len(dl)``): a tail of 2
+    assert run.main.epoch_len == 18 and sizes(run.main) == [8, 8, 2, 8, 8, 2]
     assert codes(PLAIN) == []
 
 
@@ -82,7 +95,9 @@ def test_backward_through_same_file_function_and_method():
     loop = f.loops[0]
     bw = loop.backwards[0]
     assert bw.via == ("_inner",)
-    assert loop.loss_divisions()[0].divisor_text == "ACCUM_STEPS"
+    (run,) = dry(src)
+    assert (run.factor.text, run.factor.source) == ("ACCUM_STEPS", "division")
+    assert run.main.of("backward")[0].scale.text(4) == "1/N = 1/4" and set(sizes(run.main)) == {1}
     assert codes(src) == [("BL101", 14)]
 
 
@@ -118,8 +133,8 @@ def test_flag_gate_continue_gate_and_else_branch():
         optimizer.step()
         optimizer.zero_grad()
     """
-    loop = model(src).loops[0]
-    assert all(e.per_window for e in loop.steps)
+    (run,) = dry(src)  # the flag and the ``continue`` guard: the step runs once per window of GA
+    assert (run.factor.text, run.factor.value) == ("GA", 4) and sizes(run.main) == [4, 4, 6, 4]
     assert codes(src) == []
     inverted = """
     import torch
@@ -169,8 +184,9 @@ def test_accelerate_accumulate_owner_and_sync_gate():
     """
     loop = model(src).loops[0]
     assert loop.owner == "accelerate"
-    clip = loop.of("clip")[0]
-    assert clip.frequency_gates[0].kind == "sync" and clip.per_window
+    (run,) = dry(src)  # N is the Accelerator's; the clip runs on the sync micro-batches only, with the step
+    assert (run.factor.value, run.factor.source) == (2, "accelerator") and run.main.owner == "accelerate"
+    assert [e.mb for e in run.main.of("clip")] == [e.mb for e in run.main.effective_steps()] == [1, 3, 5, 7, 9, 11]
     assert codes(src) == []
 
 
@@ -268,9 +284,8 @@ WEIRD = [
 def test_weird_code_gives_no_finding_and_no_exception(src):
     f = model(src)  # must not raise
     for loop in f:
-        loop.accum()
-        for e in loop.events:
-            e.frequency
+        loop.owner, loop.steps, loop.backwards
+    dry(src)  # nor the dry run
     assert codes(src) == []
 
 
@@ -380,9 +395,9 @@ def test_window_loop_style():
     assert len(f) == 1
     w = f.loops[0]
     assert isinstance(w.node, cst.While) and w.window_of is not None
-    assert w.accum().value == 8
-    assert w.backwards[0].per_micro_batch
-    assert all(e.per_window for e in w.steps) and w.of("opt_zero")[0].per_window
+    (run,) = dry(src)  # N is the window loop's length; the step and zero_grad run once per window
+    assert (run.factor.value, run.factor.source) == (8, "window") and set(sizes(run.main)) == {8}
+    assert [e.mb for e in run.main.of("zero_grad")] == [e.mb for e in run.main.effective_steps()]
     assert codes(src) == []
 
 
@@ -397,9 +412,9 @@ def test_truthy_modulo_gates():
             opt.step()
             opt.zero_grad()
     """
-    loop = model(src).loops[0]
-    g = loop.steps[0].frequency_gates[0]
-    assert g.kind == "modulo" and g.on_boundary and g.offset == 1
+    (run,) = dry(src)  # ``not (i + 1) % N``: the step after micro-batches 4, 8 and the epoch's last
+    assert (run.factor.text, run.factor.value) == ("accum_steps", 4)
+    assert [e.mb + 1 for e in run.main.effective_steps()] == [4, 8, 14, 18]
     assert codes(src) == []
     assert [c for c, _ in codes(src.replace("(i + 1) % accum_steps", "i % accum_steps"))] == ["BL107"]
 

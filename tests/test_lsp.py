@@ -783,3 +783,34 @@ async def test_fix_all_reaches_a_fixed_point(tmp_path):
         await wait_for(client, uri, lambda ds: len(ds) == 0)
         again = await code_actions(client, uri, whole, only=["source.fixAll"])
         assert again == []  # nothing left to fix
+
+
+async def test_saving_a_sibling_module_relints_the_files_that_read_it(tmp_path, shared):
+    """The analysis reads the project's own imported modules (bertlint/analysis/project.py): when one of them is
+    saved, an open file whose last lint read it is linted again."""
+    client = shared
+    (tmp_path / "pyproject.toml").write_text("")
+    helper = tmp_path / "step_helpers.py"
+    helper.write_text("def backward_micro_batch(loss):\n    loss.backward()\n")
+    train = tmp_path / "train.py"
+    text = textwrap.dedent("""\
+        import torch
+        from step_helpers import backward_micro_batch
+
+        GRAD_ACCUM = 4
+
+
+        def train(model, loader, optimizer):
+            for step, (x, y) in enumerate(loader):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                backward_micro_batch(loss)
+                if (step + 1) % GRAD_ACCUM == 0 or step + 1 == len(loader):
+                    optimizer.step()
+                    optimizer.zero_grad()
+        """)
+    train.write_text(text)
+    uri = open_doc(client, train, text)
+    await wait_for(client, uri, lambda ds: "BL103" in codes(ds))
+    helper.write_text("def backward_micro_batch(loss):\n    (loss / 4).backward()\n")
+    client.text_document_did_save(types.DidSaveTextDocumentParams(types.TextDocumentIdentifier(uri=helper.as_uri())))
+    await wait_for(client, uri, lambda ds: "BL103" not in codes(ds))

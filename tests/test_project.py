@@ -196,3 +196,73 @@ def test_class_family_follows_a_base_class_in_a_sibling(tmp_path):
     assert ctx.roles.class_base(cls["Net"]) == "lightning.LightningModule"
     assert ctx.roles.class_family(cls["MyTrainer"]) == "trainer"
     assert ctx.roles.class_family(cls["Other"]) is None
+
+
+def test_roles_of_values_built_by_a_siblings_factory(tmp_path):
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "optim_utils.py": "import torch\nfrom timm.scheduler import CosineLRScheduler\n\n\n"
+                          "def make(cfg, model):\n    return torch.optim.AdamW(model.parameters(), lr=cfg.lr)\n\n\n"
+                          "def sched(cfg, opt):\n    return CosineLRScheduler(opt, t_initial=cfg.epochs)\n\n\n"
+                          "def both(cfg, model):\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                          "    return model, opt\n",
+        "train.py": "import optim_utils\nfrom optim_utils import make\n\n\ndef main(cfg, model):\n"
+                    "    tool = make(cfg, model)\n    s = optim_utils.sched(cfg, tool)\n"
+                    "    net, o2 = optim_utils.both(cfg, model)\n",
+    })
+    import libcst as cst
+
+    from bertlint.context import FileContext
+
+    path = str(tmp_path / "train.py")
+    src = open(path).read()
+    ctx = FileContext(path, src, cst.parse_module(src), None)
+    fn = ctx.symbols.functions["main"][0]
+    tool = ctx.roles.of("tool", fn)
+    assert (tool.role, tool.qualname, tool.confident) == ("optimizer", "torch.optim.AdamW", True)
+    assert "optim_utils.py" in tool.why
+    assert ctx.roles.of("s", fn).qualname == "timm.scheduler.CosineLRScheduler"
+    assert ctx.roles.of("o2", fn).qualname == "torch.optim.SGD"
+
+
+def test_module_imported_from_its_package(tmp_path):
+    # ``from . import steps`` / ``import pkg.steps as st`` then ``steps.f(...)``: the module's function is followed
+    _write(tmp_path, {
+        "setup.py": "",
+        "pkg/__init__.py": "",
+        "pkg/steps.py": HELPER,
+        "pkg/a.py": LOOP.format(imp="from . import steps", call="steps.backward_micro_batch(loss)"),
+        "b.py": LOOP.format(imp="import pkg.steps as st", call="st.backward_micro_batch(loss)"),
+    })
+    assert _codes(str(tmp_path / "pkg" / "a.py")) == [("BL103", 10)]
+    assert _codes(str(tmp_path / "b.py")) == [("BL103", 10)]
+
+
+def test_an_attribute_holding_a_sibling_instance_is_called(tmp_path):
+    # ``self.scaler = Step()`` in __init__, ``self.scaler(loss)`` in the loop: Step.__call__ (in the sibling) runs
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "amp_step.py": "class Step:\n    def __call__(self, loss):\n        loss.backward()\n",
+        "train.py": textwrap.dedent('''\
+            import torch
+            from amp_step import Step
+
+            GRAD_ACCUM = 4
+
+
+            class Runner:
+                def __init__(self, model, optimizer):
+                    self.model = model
+                    self.optimizer = optimizer
+                    self.scaler = Step()
+
+                def train(self, loader):
+                    for step, (x, y) in enumerate(loader):
+                        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+                        self.scaler(loss)
+                        if (step + 1) % GRAD_ACCUM == 0 or step + 1 == len(loader):
+                            self.optimizer.step()
+                            self.optimizer.zero_grad()
+            '''),
+    })
+    assert _codes(str(tmp_path / "train.py")) == [("BL103", 16)]

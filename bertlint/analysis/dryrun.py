@@ -4,7 +4,9 @@ For every training loop found by :mod:`bertlint.analysis.loops` the body is run 
 epochs of a simulated loader long enough to hold two full accumulation windows and a partial tail
 (``2 N + 2`` micro-batches), with
 
-- the accumulation factor N resolved from the script (``N`` = its value), or a representative ``N = 4`` when it is a
+- the accumulation factor N found by usage in a first run with N unknown (``_probe_factor``: the period of the gate
+  the optimizer step runs under, a loss divided by an accumulation-named value, the Accelerator's setting when the
+  loop backpropagates through it, a window loop's length) — its value, or a representative ``N = 4`` when it is a
   symbol (``args.gradient_accumulation_steps``), and separately ``N = 1`` (so ``if N > 1: … else: …`` runs each arm
   in the run where it applies);
 - ``enumerate`` / ``range`` indices with their start, hand counters (``step += 1``) with the value they had before
@@ -29,7 +31,8 @@ API::
 
     dr = dryrun.of(ctx)            # cached per file
     for run in dr:                 # one LoopRun per training loop
-        run.loop                   # the loops.TrainingLoop (node, func, owner, ...)
+        run.loop                   # the loops.TrainingLoop (node, func, owner, ...) or a ManualStep
+        run.factor                 # the accumulation factor N the run used (AccumFactor: text, value, source) or None
         run.traces                 # list[Trace]: one per (N, configuration)
         run.violations(code)       # invariants of bertlint.trace over every trace, deduplicated by line
 """
@@ -47,7 +50,7 @@ from bertlint import trace as T
 from bertlint.analysis import project
 from bertlint.analysis.loops import ACCUM_RE
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
-from bertlint.analysis.walk import assigned_names, names_in, scope_nodes
+from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
 
 REPRESENTATIVE_N = 4
 PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
@@ -128,14 +131,17 @@ class ListVal:
     """A list built in the run; the graph-carrying values appended to it are followed (``losses.append(loss)``,
     then ``sum(losses).backward()`` or ``torch.stack(losses).mean()``)."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "other")
     CAP = 64
 
     def __init__(self, items=None) -> None:
         self.items: list = list(items or ())
+        self.other = False  # it also holds something that is not a followed graph (then it reads as unknown)
 
     def add(self, v) -> None:
-        if len(self.items) < self.CAP:
+        if not isinstance(v, Tensor):
+            self.other = True
+        elif len(self.items) < self.CAP:
             self.items.append(v)
 
 
@@ -463,16 +469,11 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     """(traces, the accumulation factor found before the run or None)."""
     f = dr.f
     window = _callee_window(dr, loop)
-    acc = _window_factor(dr, loop, window) or loop.accum()
+    acc = _window_factor(dr, loop, window) or (loop.accum() if isinstance(loop, ManualStep) else None)
+    if acc is None:
+        acc = _probe_factor(dr, loop, window)  # N by usage (an Accelerator of a sibling module included)
     if acc is None or _running(loop, acc):
         acc = _counter_gate_factor(dr, loop) or acc
-    if acc is None and getattr(loop, "owner", "") in ("accelerate", "accelerate-manual") and \
-            not f.accelerator_calls and f.accelerator_ga is None and not f.accelerator_ga_unknown:
-        sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
-        if sib is not None and sib[1] != "1":
-            from bertlint.analysis.loops import AccumFactor
-
-            acc = AccumFactor(sib[1], sib[0], "accelerator", None)
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -486,23 +487,6 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     else:
         ns = [(None, "none")]
     traces = []
-    if ns == [(None, "none")]:
-        cfg: dict = {}
-        for _ in range(MAX_SPLITS + 1):
-            probe = _Runner(dr, loop, None, "", cfg, window)
-            try:
-                probe.run()
-            except _Split as sp:
-                if not probe.n_candidates and len(cfg) < MAX_SPLITS:
-                    cfg = {**cfg, sp.key: True}  # look for N in one configuration, then run them all with it
-                    continue
-            except (_Abort, RecursionError):
-                pass
-            break
-        if probe.n_candidates:
-            v, text = probe.n_candidates[0]
-            n_text = text
-            ns = [(v, "resolved")] if v is not None else [(REPRESENTATIVE_N, "representative"), (1, "N = 1")]
     if len(ns) > 1 and ns[1][1] == "N = 1" and not _compares(dr, loop, n_text):
         ns = ns[:1]  # nothing in the loop tests N itself: the N = 1 run would only repeat the plain arm
     for n, src in ns:
@@ -528,6 +512,60 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
             traces.append(tr)
             done += 1
     return traces, acc
+
+
+def _probe_factor(dr: FileDryRun, loop, window):
+    """The accumulation factor by usage: a run with N unknown, in which a period gating the optimizer step
+    (``(i + 1) % M == 0``, whatever M is called), a loss divided by an accumulation-named value, or the
+    Accelerator's setting when the loop backpropagates through it, is N (``AccumFactor``; None: none)."""
+    from bertlint.analysis.loops import AccumFactor
+
+    f = dr.f
+    probe = None
+    pending: list = [{}]
+    tries = 0
+    accel = False  # some configuration backpropagates through the Accelerator
+    while pending and tries < 4 * MAX_SPLITS:
+        cfg = pending.pop(0)
+        tries += 1
+        probe = _Runner(dr, loop, None, "", cfg, window, probe=True)
+        try:
+            probe.run()
+        except _Split as sp:
+            if not probe.n_candidates and len(cfg) < MAX_SPLITS:
+                # look for N in one configuration, then run them all with it (a guard that ends the run in one
+                # configuration, ``if state["iter_num"] >= max_iters: break``, is tried the other way too)
+                pending.extend([{**cfg, sp.key: True}, {**cfg, sp.key: False}])
+                continue
+        except (_Abort, RecursionError):
+            pass
+        accel = accel or probe.acc_used or any(e.kind == "backward" and e.via == "accelerator"
+                                               for e in probe.trace.events)
+        if probe.n_candidates or probe.guard_periods:
+            break
+    if probe is None:
+        return None
+    probe.probe = False  # the run is over: no early stop while its guards are read
+    for mod, start, mb, func in probe.guard_periods:
+        probe._period_gate(mod, [e for e in probe.trace.events[start:] if e.mb == mb], _Frame(func, None, 0))
+    if probe.n_candidates:
+        # a known value > 1 first, a step gate's period before a loss divisor
+        cands = [(v, text) + probe.n_nodes.get(text, (None, "gate")) for v, text in probe.n_candidates]
+        cands.sort(key=lambda c: (not (c[0] is not None and c[0] > 1), c[3] != "gate"))
+        v, text, node, source = cands[0]
+        if v is None and node is not None:
+            v = f.int_value(node, getattr(loop, "func", None))  # a value the symbol table resolves
+            v = v if v is not None and v > 1 else None
+        return AccumFactor(text, v, source, node)
+    if not accel:
+        return None
+    if f.accelerator_ga is not None:
+        return f.accelerator_ga  # the loop backpropagates through the Accelerator: its setting is N
+    if not f.accelerator_calls and not f.accelerator_ga_unknown:
+        sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
+        if sib is not None and sib[1] != "1":
+            return AccumFactor(sib[1], sib[0], "accelerator", None)
+    return None
 
 
 class ManualStep:
@@ -821,9 +859,17 @@ def _counter_gate_factor(dr, loop):
             ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
         for cnt, bound in pairs:
             c, b = dotted(cnt), dotted(bound)
-            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b):
+            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b) and _reset_in(loop.node, c):
                 return dr.f.factor(bound, "gate", loop.func)
     return None
+
+
+def _reset_in(node, name: str) -> bool:
+    """``name = 0`` somewhere inside the loop: a window counter (restarted after each step)."""
+    for n in _walk(node):
+        if type(n) is cst.Assign and literal(n.value) == 0 and any(dotted(t.target) == name for t in n.targets):
+            return True
+    return False
 
 
 def _callee_window(dr, loop):
@@ -854,7 +900,8 @@ class _Frame:
 
 
 class _Runner:
-    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict, window=None) -> None:
+    def __init__(self, dr: FileDryRun, loop, n: Optional[int], n_text: str, config: dict, window=None,
+                 probe: bool = False) -> None:
         self.dr = dr
         self.f = dr.f
         self.t = dr.f.t
@@ -887,6 +934,11 @@ class _Runner:
         self.sync_control = False
         self.acc_used = False
         self.n_candidates: list = []
+        self.n_nodes: dict = {}  # candidate text -> (its expression, "gate" | "division")
+        # the run that looks for N: a period of known value (``% 4``, ``% args.accum`` resolved to 8) is not decided
+        # (the probe is shorter than such a window); a step under it makes it the accumulation factor by usage
+        self.probe = probe
+        self.guard_periods: list = []  # (period, first event after the guard, micro-batch, function) of the probe
         self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
         self._last_mod = None
         self.site = None
@@ -1154,6 +1206,8 @@ class _Runner:
             elif isinstance(node, cst.For):
                 self._bind(node.target, UNK, frame)
             sig = self._block(_body(node.body), frame, chain, level)
+            if is_micro and self.probe and (self.n_candidates or self.guard_periods):
+                raise _Abort()  # the probe has what it looks for after one whole micro-batch: N by usage
             if sig == "break":
                 break
             if sig == "return":
@@ -1245,9 +1299,31 @@ class _Runner:
             if not isinstance(d, int) or isinstance(d, bool) or any(
                     a.func is fn for a in (self.t.assignments_of(nm, fn) or [])):
                 continue
+            if not self._default_reachable(fn, prm, d):
+                continue
             key = f"!when `{nm}` has its default {d}"
             if key not in self.config:
                 raise _Split(key)
+
+    def _default_reachable(self, fn, prm, d: int) -> bool:
+        """Some call of ``fn`` in this file leaves the parameter out or passes its default, or none is seen (the
+        caller is elsewhere): the default is a run that happens."""
+        params = list(fn.params.params)
+        pos = next((i for i, p in enumerate(params) if p is prm), None)
+        if pos is not None and params and params[0].name.value in ("self", "cls"):
+            pos -= 1
+        calls = [c for c, name, _ in self.t.calls if name.split(".")[-1] == fn.name.value]
+        if not calls:
+            return True
+        for c in calls:
+            if any(a.star for a in c.args):
+                return True  # ``f(*args)``: not known, the default may be what it gets
+            got = kwarg(c, prm.name.value)
+            if got is None and pos is not None and pos >= 0:
+                got = positional(c, pos)
+            if got is None or literal(got) == d:
+                return True
+        return False
 
     def _loader_kind(self, node, frame) -> str:
         """What the micro-batch loop iterates: ``loader`` (a data loader, or ``range(len(loader))``: its length is not
@@ -1390,7 +1466,8 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
-        exits = self.dr.loop_exits(stmt) if self.in_micro and not self.trace.undecided_skip else None
+        exits = self.dr.loop_exits(stmt) if self.in_micro and not self.trace.undecided_skip and not self.probe \
+            else None  # (the probe's trace is not kept)
         if exits and not _training_stop(stmt, self.loop, exits):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
@@ -1404,8 +1481,10 @@ class _Runner:
         before_l, before_s = dict(frame.locals), dict(self.shared)
         self.store_logs.append(set())
         arm1 = None
+        else_ev = None
         try:
             self._block(_body(stmt.body), frame, chain, level)
+            else_ev = len(self.trace.events) - first_ev
             self.arms[-1] = (arm_key, False, arm_seq)
             stored1 = self.store_logs.pop()
             arm1 = (dict(frame.locals), dict(self.shared), stored1)
@@ -1432,10 +1511,13 @@ class _Runner:
             if self.store_logs:
                 self.store_logs[-1] |= stored
         if mod is not None:
-            self._period_gate(mod, self.trace.events[first_ev:], frame)
+            self._period_gate(mod, self.trace.events[first_ev:], frame, else_ev)
+            if self.probe and stmt.orelse is None and _ends_iteration(stmt.body):
+                # ``if (i + 1) % M: continue`` — the rest of the iteration (the step) runs on the other side
+                self.guard_periods.append((mod, len(self.trace.events), self.mb, frame.func))
         return None
 
-    def _period_gate(self, mod, arm_events: list, frame) -> None:
+    def _period_gate(self, mod, arm_events: list, frame, else_ev: Optional[int] = None) -> None:
         """Roles from usage: a condition ``x % M ...`` (M unknown, any name) that gates an optimizer step makes M
         the accumulation factor when the loss is also divided by M, or when it is the loop's only optimizer and no
         backward runs under the gate (one backward per micro-batch, the step every M-th: a WGAN's generator, whose
@@ -1445,16 +1527,21 @@ class _Runner:
             return
         text = self.dr.code(mod)
         if any(t == text for _v, t in self.n_candidates):
+            self.n_nodes[text] = (mod, "gate")  # the loss divisor is also the step gate's period
             return
         divided = text in self.divisors
         if not divided:
-            if any(e.kind == "backward" for e in arm_events):
-                return
+            body, other = (arm_events[:else_ev], arm_events[else_ev:]) if else_ev is not None else (arm_events, [])
+            if any(e.kind == "backward" for e in body) and not any(e.kind == "backward" for e in other):
+                return  # a backward only under the gate: its own update every M-th micro-batch (a GAN's generator)
             opts = {e.opt for e in self.trace.events if e.kind == "step"}
             if len(opts) != 1 or not any(e.kind == "backward" for e in self.trace.events):
                 return
         v = self._resolved(mod, frame)
         self.n_candidates.append((v.v if isinstance(v, Num) and v.v is not None and v.v > 1 else None, text))
+        self.n_nodes.setdefault(text, (mod, "gate"))
+        if self.probe and self.n_candidates[-1][0] is not None:
+            raise _Abort()  # a step gate's period of known value: the probe's answer (nothing ranks above it)
 
     def _with(self, stmt, frame, chain, level) -> Optional[str]:
         acc = nosync = False
@@ -1672,9 +1759,13 @@ class _Runner:
     def _initial(self, name: str, frame):
         """A name first read in the run: the accumulation factor, a resolved constant, the value a counter had
         before the loop, or an unknown (loop-invariant unknowns split configurations)."""
+        func = frame.func
+        if self._xfn is not None and func is not None and project.info_of(func) is not None:
+            head = name.split(".")[0]
+            if head not in {p.name.value for p in list(func.params.params) + list(func.params.kwonly_params)}:
+                return _Unk(True, name)  # a global of the sibling module: this file's binding of the name is not it
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
-        func = frame.func
         if name in self.pinned and frame.depth == 0:
             return Num(self.pinned[name], text=name)
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
@@ -1920,7 +2011,7 @@ class _Runner:
             if isinstance(base, Tensor):
                 return base
             if isinstance(base, ListVal):
-                return self._joined(base.items)
+                return self._joined(base)
             return self._resolved(e, frame)
         if tp is cst.IfExp:
             c = self.truth(e.test, frame)
@@ -1940,8 +2031,9 @@ class _Runner:
             return v
         if tp in (cst.Tuple, cst.List):
             vals = [self.ev(el.value, frame) for el in e.elements]
-            if tp is cst.List and not any(isinstance(el, cst.StarredElement) for el in e.elements):
-                return ListVal(v for v in vals if isinstance(v, Tensor))
+            if tp is cst.List and all(isinstance(v, Tensor) for v in vals) and \
+                    not any(isinstance(el, cst.StarredElement) for el in e.elements):
+                return ListVal(vals)  # ``[]`` or a list of losses; anything else stays unknown
             return UNK
         if tp is cst.Float:
             return UNK
@@ -1954,7 +2046,9 @@ class _Runner:
             # ``sum(loss for loss in loss_dict.values())`` / ``[l for l in losses]``: the iterated values themselves
             it = self.ev(e.for_in.iter, frame)
             if isinstance(it, ListVal):
-                return ListVal(it.items)
+                out = ListVal(it.items)
+                out.other = it.other
+                return out
             if isinstance(it, Tensor):
                 return ListVal([it])
             return UNK
@@ -1982,8 +2076,19 @@ class _Runner:
             text = b.text or self.dr.code(right_node)
             if ACCUM_RE.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
                 self.n_candidates.append((b.v if isinstance(b, Num) else None, self.dr.code(right_node)))
+                self.n_nodes.setdefault(self.dr.code(right_node), (right_node, "gate"))
+            if self.probe and self.in_micro and isinstance(b, Num) and b.v is not None and b.v > 1 and \
+                    isinstance(a, Num) and a.v is not None:
+                return _Unk(False, self.dr.code(right_node), mod=right_node)  # a period the probe does not decide
         if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
-            self.divisors.add(self.dr.code(right_node))  # a loss (or a value the run could not type) divided by it
+            text = self.dr.code(right_node)
+            self.divisors.add(text)  # a loss (or a value the run could not type) divided by it
+            if self.probe and not isinstance(a, Tensor) and isinstance(b, (Num, _Unk)) and ACCUM_RE.search(text) \
+                    and not (isinstance(b, Num) and b.v is not None and b.v <= 1) and \
+                    not any(t == text for _v, t in self.n_candidates):
+                # a value the run could not type (``logits, loss = model(x, y)``) divided by an accumulation-named one
+                self.n_candidates.append((b.v if isinstance(b, Num) else None, text))
+                self.n_nodes.setdefault(text, (right_node, "division"))
         r = self._binop2(op, a, b, right_node, whole)
         if isinstance(r, Tensor) and r is not a and r is not b and r.inner is None:
             r.inner = next((x.inner for x in (a, b) if isinstance(x, Tensor) and x.inner is not None), None)
@@ -2067,12 +2172,19 @@ class _Runner:
 
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
+        # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
+        # expression (through arguments and variables) is one; the loop is run again with it
+        if self.probe and power < 0 and not isinstance(v, (Num, _Unk)) and ACCUM_RE.search(text) and \
+                not any(t == text for _v, t in self.n_candidates):
+            self.n_candidates.append((None, text))  # divided by a value the run could not type (a call's result)
+            self.n_nodes.setdefault(text, (node, "division"))
         if self.n is None and power < 0 and isinstance(v, (Num, _Unk)):
-            # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
-            # expression (through arguments and variables) is one; the loop is run again with it
             src = v.text or text
+            if self.probe and not ACCUM_RE.search(src) and ACCUM_RE.search(text):
+                src = text  # ``loss / grad_accum_steps`` whose value is unknown through ``ddp_world_size``
             if src and ACCUM_RE.search(src) and (not isinstance(v, Num) or v.v is None or v.v > 1):
                 self.n_candidates.append((v.v if isinstance(v, Num) else None, src))
+                self.n_nodes.setdefault(src, (node if src == text else None, "division"))
         if isinstance(v, Num) and v.v is not None:
             if (v.is_n or (self.n is not None and self.n > 1 and v.v == self.n)) and v.v > 1:
                 return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
@@ -2113,6 +2225,12 @@ class _Runner:
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
+        if rkind is not None and recv is not None and attr in _RELEVANT and recv != "self":
+            xfn = self._callee(call, frame)
+            if xfn is not None and project.info_of(xfn) is not None:
+                # ``updater.step(loss, i)`` on an instance of a sibling module's class: its own method runs (the
+                # backward and the optimizer step it makes), whatever role the receiver's usage suggests
+                rkind, conf = None, False
         if recv is None and type(recv_node) is cst.Subscript:
             # ``self.optimizer[name].step()``: an item of a container the file fills with optimizers
             rkind, conf = self.dr.item_role(recv_node, frame.func)
@@ -2124,18 +2242,26 @@ class _Runner:
             for a in call.args:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
+        if isinstance(base, DictVal) and attr == "values" and not argv:
+            out = ListVal()
+            for v in base.slots.values():
+                out.add(v)  # ``sum(losses.values())`` of a dict the run filled
+            return out
         if isinstance(base, ListVal):
-            if attr in ("append", "insert") and argv and isinstance(argv[-1], Tensor):
+            if attr in ("append", "insert") and argv:
                 base.add(argv[-1])
             elif attr == "extend" and argv and isinstance(argv[0], ListVal):
                 for v in argv[0].items:
                     base.add(v)
+                base.other = base.other or argv[0].other
+            elif attr == "extend":
+                base.other = True
             elif attr == "pop":
-                return self._joined(base.items)
+                return self._joined(base)
             return UNK
         if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
                 isinstance(argv[0], ListVal):
-            return self._joined(argv[0].items)  # ``torch.stack(losses).mean()``: the losses' common scale
+            return self._joined(argv[0])  # ``torch.stack(losses).mean()``: the losses' common scale
         if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
                  "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
@@ -2251,7 +2377,7 @@ class _Runner:
                 if nm == "sum" and argv and isinstance(argv[0], Tensor):
                     return argv[0]
                 if nm == "sum" and argv and isinstance(argv[0], ListVal):
-                    return self._joined(argv[0].items)
+                    return self._joined(argv[0])
                 return Num(None)
             if nm in ("print", "isinstance", "str", "range", "enumerate", "zip", "float", "bool", "list",
                       "dict", "tuple", "hasattr", "getattr", "setattr", "iter", "next", "type", "repr", "format",
@@ -2264,7 +2390,8 @@ class _Runner:
                 # is given — handed no accumulation factor (nor a config object that may hold one), its result
                 # does not depend on N
                 n_free = not any(a.star for a in call.args) and not any(
-                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) for v in argv)
+                    (isinstance(v, Num) and v.is_n) or isinstance(v, _Unk) or (isinstance(v, ListVal) and v.other)
+                    for v in argv)
                 kind = T.WEIGHT if n_free else T.OTHER
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
@@ -2330,11 +2457,11 @@ class _Runner:
                 self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
                 return
 
-    def _joined(self, items) -> Any:
+    def _joined(self, lst) -> Any:
         """The values of a list taken together (``sum(losses)``, ``losses[i]``): their common scale (unknown when
         they differ), and the forward they come from when all of theirs ran with the same gradient sync."""
-        ts = [v for v in items if isinstance(v, Tensor)]
-        if not ts:
+        ts = [v for v in lst.items if isinstance(v, Tensor)]
+        if not ts or lst.other:
             return UNK
         scale = ts[0].scale if all(t.scale is not None and t.scale == ts[0].scale for t in ts) else None
         graphs = [t for t in ts if t.graph]
@@ -2796,7 +2923,7 @@ def _training_stop(stmt, loop, exits: frozenset) -> bool:
 def _loop_exits(stmt) -> frozenset:
     """The ``continue`` / ``break`` statements of the enclosing loop inside ``stmt`` (see FileDryRun.loop_exits)."""
     found = set()
-    todo = list(stmt.children)
+    todo = list(children(stmt))  # the cached code-bearing children (libcst's ``.children`` runs a visitor each time)
     while todo and len(found) < 2:
         n = todo.pop()
         tp = type(n)
@@ -2806,7 +2933,7 @@ def _loop_exits(stmt) -> frozenset:
             found.add("break")
         elif tp in (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda):
             continue
-        todo.extend(n.children)
+        todo.extend(children(n))
     return frozenset(found)
 
 
@@ -3020,6 +3147,16 @@ def _target_names(t) -> list:
         if d:
             out.append(d)
     return out
+
+
+def _ends_iteration(suite) -> bool:
+    """The block ends with ``continue`` or ``return`` (the rest of the iteration does not run after it)."""
+    body = _body(suite)
+    last = body[-1] if body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        return any(isinstance(x, (cst.Continue, cst.Return)) for x in last.body)
+    return isinstance(suite, cst.SimpleStatementSuite) and any(isinstance(x, (cst.Continue, cst.Return))
+                                                                for x in suite.body)
 
 
 def _self_add(small) -> bool:

@@ -765,6 +765,10 @@ class EvalFlow:
             return False
         if not step and self._method_forward(call) is not None:
             return True
+        if not step and self._own_method(call) is not None:
+            # `self.eval_model(data)`: a method of the enclosing class, not a module attribute; its own forwards are
+            # judged where they are, with the grad mode of this call
+            return False
         if isinstance(self.parent.get(call), cst.Await):
             return False
         head = d.split(".")[0]

@@ -1,40 +1,30 @@
-"""Training-loop discovery and the per-file facts the dry run starts from (BL1xx, BL2xx).
+"""Training-loop discovery and the per-file set-up facts the dry run starts from (BL1xx, BL2xx).
 
-The rules about what a loop *does* are invariants over its dry run (``bertlint/analysis/dryrun.py`` executes the
-body abstractly into a ``bertlint/trace.py`` trace): BL101–BL105, BL107, BL108, BL112–BL115, BL201, BL202. This
-module still finds the training loops (a loop running a backward, directly or through same-file functions; the
-epoch loops around it; the window-loop shape), resolves the file-level facts (the Accelerator's accumulation
-setting, ``deepspeed.initialize`` / ``prepare`` unpacking, scheduler constructors, schedule-length units) and keeps
-the per-event gate model below for the rules not yet moved to the trace (BL106, BL109, BL110, BL111) and for
-``explain``'s summary line. The receiver table here is the fallback after ``ctx.roles`` (roles from usage).
+What a loop *does* — how often each call runs, the accumulation factor N it runs with, its windows — is the dry
+run's (``bertlint/analysis/dryrun.py`` executes the body abstractly into a ``bertlint/trace.py`` trace); the loop
+rules are invariants over that trace. This module finds the loops the dry run runs, and the facts of the file
+around them:
 
-A *training loop* is a ``for`` / ``while`` loop whose body runs a backward — directly, or through a function
-or method defined in the same file — and that contains no inner loop that itself runs the backward (that
-inner loop is then the micro-batch loop and the outer one is the epoch loop).
+- a *training loop* is a ``for`` / ``while`` loop whose body runs a backward — directly, or through a function or
+  method defined in the same file (or a sibling module of the project) — and that contains no inner loop that itself
+  runs the backward (that inner loop is then the micro-batch loop and the outer one is the epoch loop); the
+  window-loop shape (``for micro in range(N): ... backward`` then the step in the parent) is modelled on the parent;
+- for each loop, the calls it makes in program order (:class:`Event`: backward / step / zero_grad / clip / scaler /
+  engine calls, with the ``accumulate()`` / ``no_sync()`` context around them and the same-file functions they were
+  reached through) — no condition is read: who owns accumulation (:attr:`TrainingLoop.owner`), whether the loop
+  steps, its callees, its index;
+- the file-level facts: the receivers table (constructors, ``prepare`` / ``deepspeed.initialize`` unpacking; the
+  fallback after ``ctx.roles``, roles from usage), what the Accelerator / GradScaler / schedulers are built with,
+  schedule-length units (``units_of``).
 
-For each training loop the model records, in program order, every relevant call (optimizer / scheduler /
-GradScaler / clipping / zero_grad / backward / DeepSpeed engine) as an :class:`Event` carrying the chain of
-:class:`Gate` conditions under which it runs, the context managers around it (``accelerator.accumulate``,
-``no_sync``), the loss divisions seen, the micro-batch index and hand counters, and who owns accumulation.
+Everything is resolved from the import table of :mod:`bertlint.analysis.symbols`. Anything the analysis cannot
+understand yields no facts, never an exception.
 
-Everything is resolved from the import table of :mod:`bertlint.analysis.symbols` (no ScopeProvider /
-QualifiedNameProvider). Anything the analysis cannot understand yields no facts, never an exception; rules
-read only positive facts, so unknown code produces no finding.
+API (``ctx.loops`` is a :class:`FileLoops`)::
 
-API for rules (``ctx.loops`` is a :class:`FileLoops`)::
-
-    for loop in ctx.loops:                     # TrainingLoop, innermost loop running a backward (or window loop)
+    for loop in ctx.loops:                     # TrainingLoop: node, func, cls, outer, window_of, index, callees
         loop.owner                             # plain | accelerate | accelerate-manual | deepspeed | fabric | ...
-        loop.accum()                           # AccumFactor(text, value|None, source) or None
-        for e in loop.steps:                   # Event: kind, call, gates, per_micro_batch / per_window
-            ...
-        loop.loss_divisions(), loop.counters, loop.index, loop.accum_adds
-
-The training-loop rules decide from the dry run (``bertlint/analysis/dryrun.py``, ``bertlint/trace.py``); what this
-module still gives them and the dry run: loop discovery (the training loop, its epoch loops, its window loop and
-same-file callees), the receivers table and what the Accelerator / GradScaler / schedulers are built with, the
-accumulation factor N (``accum()``), the loop's owner and index, ``units_of``. Its per-loop events and gates feed
-``accum()`` / ``owner`` / ``explain`` / BL113 / BL410.
+        loop.steps, loop.backwards, loop.of(kind)
     ctx.loops.kinds                            # variable -> optimizer | scheduler | scaler | accelerator | engine ...
     ctx.loops.accelerator_ga                   # AccumFactor of Accelerator / plugins, None when not configured
     ctx.loops.accelerator_deepspeed            # the DeepSpeedPlugin expression, if any
@@ -74,8 +64,6 @@ ACCUM_RE = re.compile(
     r"(^|[._])n_accum|micro_steps_per|(^|[._])accum_iter",
     re.IGNORECASE,
 )
-LOG_RE = re.compile(r"log|eval|save|print|report|checkpoint|ckpt|display|valid", re.IGNORECASE)
-LAST_RE = re.compile(r"last|is_end|end_of|final", re.IGNORECASE)
 
 OPT_NAME_RE = re.compile(r"^(opt|optim|optimizer|optimiser|.*_optimizer|optimizer_.*|.*_opt)$", re.IGNORECASE)
 SCHED_NAME_RE = re.compile(r"^(sched|scheduler|lr_scheduler|.*_scheduler|scheduler_.*|lr_sched|.*_sched)$", re.I)
@@ -128,58 +116,13 @@ class AccumFactor:
 
 
 @dataclass
-class Gate:
-    """One condition an event runs under. ``kind``:
-
-    - ``modulo``: ``X % M == 0`` / ``!= 0`` on a loop-varying X (``boundary`` tells which side we are on)
-    - ``sync``: ``accelerator.sync_gradients`` ; ``boundary``: ``engine.is_gradient_accumulation_boundary()``
-    - ``counter``: a comparison with an accumulation-named value (``if acc_count == N``)
-    - ``last``: only an end-of-data test (``i + 1 == len(dl)``)
-    - ``invariant``: a test on names the loop never assigns (``if args.fp16``): no effect on frequency
-    - ``loop``: the event sits in a nested loop
-    - ``window``: window-loop style (``for micro in range(N): ... backward`` then the step): the event runs once
-      per outer iteration, i.e. once per window
-    - ``unknown``: anything else
-    """
-
-    kind: str
-    node: Optional[cst.CSTNode]
-    negated: bool = False
-    index_text: Optional[str] = None  # "step", "global_step", "self.step"
-    offset: int = 0  # the ``+ 1`` in ``(i + 1) % N``
-    modulus: Optional[cst.BaseExpression] = None
-    modulus_text: Optional[str] = None
-    eq_zero: bool = True  # ``== 0`` (True) or ``!= 0`` (False)
-    last_clause: bool = False  # ``or i + 1 == len(dl)`` / ``or is_last``
-    extra: bool = False  # combined with ``and`` other conditions
-    in_else: bool = False  # the event is in the ``else`` branch of this test (or after ``if test: continue``)
-
-    @property
-    def is_frequency(self) -> bool:
-        return self.kind in ("modulo", "sync", "boundary", "counter", "window")
-
-    @property
-    def on_boundary(self) -> bool:
-        """True when the gate fires on the window's last micro-batch (not on the others)."""
-        if self.kind == "modulo":
-            return self.eq_zero != self.negated
-        if self.kind in ("sync", "boundary", "counter", "window"):
-            return not self.negated
-        return False
-
-    @property
-    def text(self) -> str:
-        return code_of(self.node).strip() if self.node is not None else ""
-
-
-@dataclass
 class Event:
+    """A call the training loop makes (see ``_LoopWalker``)."""
+
     kind: str
     # backward | opt_step | opt_zero | model_zero | sched_step | clip | scaler_scale | scaler_unscale | scaler_step
-    # | scaler_update | engine_step | engine_zero | forward
+    # | scaler_update | engine_step | engine_zero
     call: cst.Call
-    stmt: Optional[cst.CSTNode]  # the statement line holding the call
-    gates: tuple[Gate, ...]
     seq: int
     receiver: Optional[str] = None  # "optimizer", "scaler", "accelerator"
     receiver_kind: Optional[str] = None  # kind of the receiver (optimizer, scheduler, scaler, accelerator, engine ...)
@@ -187,60 +130,11 @@ class Event:
     in_accumulate: bool = False
     in_no_sync: bool = False
     via: tuple[str, ...] = ()  # same-file functions the call was reached through
-    arg: Optional[cst.BaseExpression] = None  # backward's loss expression / clip's first argument
     backward_style: Optional[str] = None  # tensor | scaler | accelerator | engine | fabric | lightning | autograd
-    block: Optional[list] = None  # the statement list the stmt lives in (for fixes)
-
-    @property
-    def frequency_gates(self) -> list[Gate]:
-        return [g for g in self.gates if g.is_frequency]
-
-    @property
-    def per_micro_batch(self) -> bool:
-        """Runs on every micro-batch: only loop-invariant conditions above it."""
-        return all(g.kind == "invariant" for g in self.gates)
-
-    @property
-    def per_window(self) -> bool:
-        """Runs once per window: under a frequency gate on its boundary side."""
-        fg = self.frequency_gates
-        return bool(fg) and all(g.on_boundary for g in fg) and not any(g.kind in ("loop",) for g in self.gates)
-
-    @property
-    def frequency(self) -> str:
-        if self.per_micro_batch:
-            return "per-micro-batch"
-        if self.per_window:
-            return "per-window"
-        return "other"
 
     @property
     def name(self) -> str:
         return call_name(self.call) or code_of(self.call.func)
-
-
-@dataclass
-class Division:
-    var: Optional[str]  # the variable divided (``loss``) or None for an inline division
-    divisor: cst.BaseExpression
-    divisor_text: str
-    node: cst.CSTNode  # the BinaryOperation / AugAssign
-    seq: int
-    gates: tuple[Gate, ...] = ()
-    in_backward_arg: bool = False
-
-
-@dataclass
-class Counter:
-    name: str
-    node: cst.CSTNode
-    seq: int
-    gates: tuple[Gate, ...]
-    init: Optional[int] = None
-
-    @property
-    def per_micro_batch(self) -> bool:
-        return all(g.kind == "invariant" for g in self.gates)
 
 
 @dataclass
@@ -256,15 +150,11 @@ class TrainingLoop:
     func: Optional[cst.FunctionDef]
     cls: Optional[cst.ClassDef]
     events: list[Event] = field(default_factory=list)
-    divisions: list[Division] = field(default_factory=list)
-    counters: list[Counter] = field(default_factory=list)
     index: Optional[Index] = None
-    accum_adds: list[tuple[str, cst.CSTNode, int, tuple]] = field(default_factory=list)  # total += loss
     outer: list[LoopNode] = field(default_factory=list)
     accumulate_calls: list = field(default_factory=list)  # the ``accelerator.accumulate(...)`` calls
     callees: list = field(default_factory=list)  # same-file functions walked as part of the body
     window_of: Optional[cst.CSTNode] = None  # window-loop style: the inner micro-batch loop
-    window_range: Optional[cst.BaseExpression] = None  # ``N`` of ``for micro in range(N)``
     file: Optional["FileLoops"] = None
     assigned: set = field(default_factory=set)  # names assigned in the loop body
 
@@ -300,51 +190,6 @@ class TrainingLoop:
                 return "unknown"  # an accumulate() context we could not place (entered through a variable, ...)
             return "accelerate-manual"
         return "plain"
-
-    @property
-    def window_gates(self) -> list[Gate]:
-        out = []
-        for e in self.steps:
-            out.extend(g for g in e.frequency_gates)
-        return out
-
-    def step_gated(self) -> bool:
-        steps = self.steps
-        return bool(steps) and all(e.per_window for e in steps)
-
-    def step_ungated(self) -> bool:
-        steps = self.steps
-        return bool(steps) and any(e.per_micro_batch for e in steps)
-
-    def loss_divisions(self) -> list[Division]:
-        """Divisions that look like ``loss / N``: the divisor is an accumulation factor."""
-        out = []
-        f = self.file
-        for d in self.divisions:
-            if f is not None and f.is_accum_expr(d.divisor, self):
-                out.append(d)
-        return out
-
-    def accum(self) -> Optional[AccumFactor]:
-        """The accumulation factor N of this loop: a step-gate modulus, a loss divisor, the Accelerator's."""
-        f = self.file
-        cands: list[AccumFactor] = []
-        for g in self.window_gates:
-            if g.kind == "modulo" and g.modulus is not None and not (g.modulus_text and LOG_RE.search(g.modulus_text)):
-                cands.append(f.factor(g.modulus, "gate", self.func))
-        for d in self.loss_divisions():
-            cands.append(f.factor(d.divisor, "division", self.func))
-        if self.owner in ("accelerate", "accelerate-manual") and f.accelerator_ga is not None:
-            cands.append(f.accelerator_ga)
-        if self.window_range is not None:
-            cands.append(f.factor(self.window_range, "window", self.func))
-        for c in cands:
-            if c.value is not None and c.value > 1:
-                return c
-        for c in cands:
-            if c.value is None:
-                return c
-        return cands[0] if cands else None
 
 
 # ---------------------------------------------------------------------------------------------- collection
@@ -706,25 +551,9 @@ class FileLoops:
         return False
 
     # ------------------------------------------------------------------ accumulation expressions
-    def is_accum_expr(self, expr: cst.BaseExpression, loop: Optional[TrainingLoop] = None) -> bool:
-        text = code_of(expr).strip()
-        if ACCUM_RE.search(text):
-            return True
-        if loop is None:
-            return False
-        v = self.int_value(expr, loop.func)
-        for e in loop.steps:
-            for g in e.frequency_gates:
-                if g.kind != "modulo" or g.modulus is None or not g.on_boundary:
-                    continue
-                if g.modulus_text == text:
-                    return True
-                mv = self.int_value(g.modulus, loop.func)
-                if v is not None and mv is not None and v == mv and v > 1:
-                    return True
-        if self.accelerator_ga is not None and v is not None and self.accelerator_ga.value == v and v > 1:
-            return True
-        return False
+    def is_accum_expr(self, expr: cst.BaseExpression) -> bool:
+        """An accumulation-named expression (``args.gradient_accumulation_steps``): a name hint."""
+        return bool(ACCUM_RE.search(code_of(expr).strip()))
 
     def units_of(self, expr: Optional[cst.BaseExpression], func, accum_text: Optional[str] = None) -> str:
         """Units of a schedule length / step budget: ``optimizer-steps`` (divided by the accumulation factor
@@ -921,10 +750,7 @@ class FileLoops:
             return None
         w = TrainingLoop(parent, func, cls, outer=[o for o in outer if id(o) in with_bw_ids], file=self)
         w.window_of = inner.node
-        it = inner.node.iter
-        if isinstance(it, cst.Call) and (call_name(it) or "") == "range" and len(it.args) == 1:
-            w.window_range = it.args[0].value
-        _LoopWalker(self, w, micro=inner.node).run()
+        _LoopWalker(self, w).run()
         if not w.of("opt_step", "scaler_step", "engine_step"):
             return None
         return w
@@ -996,47 +822,21 @@ def backward_style(call: cst.Call, f: FileLoops) -> Optional[str]:
 
 
 # ---------------------------------------------------------------------------------------------- the walk
-_TERMINATORS = (cst.Continue, cst.Break, cst.Return, cst.Raise)
-
-
-def _terminates(suite: cst.BaseSuite) -> bool:
-    body = suite.body if isinstance(suite, cst.IndentedBlock) else [suite]
-    if isinstance(suite, cst.SimpleStatementSuite):
-        return any(isinstance(s, _TERMINATORS) for s in suite.body)
-    if not body:
-        return False
-    last = body[-1]
-    if isinstance(last, cst.SimpleStatementLine):
-        return any(isinstance(s, _TERMINATORS) for s in last.body)
-    return False
-
-
 class _LoopWalker:
-    def __init__(self, f: FileLoops, loop: TrainingLoop, micro: Optional[cst.CSTNode] = None) -> None:
+    """The calls a training loop makes (directly and through the same-file functions it calls), in program order:
+    what the dry run starts from (who owns accumulation, whether the loop steps, its callees and index). No
+    condition is read here: when each call runs, and how often, is the dry run's (``bertlint/analysis/dryrun.py``)."""
+
+    def __init__(self, f: FileLoops, loop: TrainingLoop) -> None:
         self.f = f
         self.loop = loop
-        self.micro = micro
         self.seq = 0
-        self.loop_names = _assigned_names(loop.node)
-        loop.assigned = self.loop_names
+        loop.assigned = _assigned_names(loop.node)
 
     def run(self) -> None:
         loop = self.loop
         self._index()
-        start = (Gate("window", None),) if self.micro is not None else ()
-        self._block(_body_list(loop.node.body), start, False, False, (), loop.cls, loop.func, 0)
-        # counter initial values
-        for c in loop.counters:
-            assigns = [a for a in self.f.t.assignments_of(c.name, loop.func) if a.node is not None]
-            inside = {id(n) for n in _stmt_nodes_in(loop.node)}
-            vals = set()
-            for a in assigns:
-                if id(a.node) in inside:
-                    continue
-                v = self.f.r.int_value(a.value, a.func)
-                vals.add(v)
-            if len(vals) == 1:
-                c.init = vals.pop()
+        self._block(_body_list(loop.node.body), False, False, (), loop.cls, loop.func, 0)
 
     # -------------------------------------------------------------- index
     def _index(self) -> None:
@@ -1060,36 +860,28 @@ class _LoopWalker:
                 self.loop.index = Index(tgt.value, start, "range")
 
     # -------------------------------------------------------------- statements
-    def _block(self, stmts, gates, acc, nosync, via, cls, func, depth) -> None:
-        gates = tuple(gates)
+    def _block(self, stmts, acc, nosync, via, cls, func, depth) -> None:
         for stmt in stmts:
-            if isinstance(stmt, cst.If) and _terminates(stmt.body) and stmt.orelse is None:
-                g = self._gate(stmt.test, func)
-                self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
-                gates = gates + (_else(g),)
-                continue
-            self._stmt(stmt, stmts, gates, acc, nosync, via, cls, func, depth)
+            self._stmt(stmt, acc, nosync, via, cls, func, depth)
 
-    def _stmt(self, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
+    def _stmt(self, stmt, acc, nosync, via, cls, func, depth) -> None:
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
-                self._small(small, stmt, block, gates, acc, nosync, via, cls, func, depth)
+                self._exprs(small, acc, nosync, via, cls, func, depth)
             return
         if isinstance(stmt, cst.If):
-            g = self._gate(stmt.test, func)
-            self._exprs(stmt.test, stmt, block, gates, acc, nosync, via, cls, func, depth)
-            self._block(_body_list(stmt.body), gates + (g,), acc, nosync, via, cls, func, depth)
+            self._exprs(stmt.test, acc, nosync, via, cls, func, depth)
+            self._block(_body_list(stmt.body), acc, nosync, via, cls, func, depth)
             if stmt.orelse is not None:
-                ng = _else(g)
                 if isinstance(stmt.orelse, cst.If):
-                    self._stmt(stmt.orelse, block, gates + (ng,), acc, nosync, via, cls, func, depth)
+                    self._stmt(stmt.orelse, acc, nosync, via, cls, func, depth)
                 else:
-                    self._block(_body_list(stmt.orelse.body), gates + (ng,), acc, nosync, via, cls, func, depth)
+                    self._block(_body_list(stmt.orelse.body), acc, nosync, via, cls, func, depth)
             return
         if isinstance(stmt, cst.With):
             a2, n2 = acc, nosync
             for item in stmt.items:
-                self._exprs(item.item, stmt, block, gates, acc, nosync, via, cls, func, depth)
+                self._exprs(item.item, acc, nosync, via, cls, func, depth)
                 for call in _calls_of(item.item):
                     nm = call_name(call) or ""
                     if nm.endswith(".accumulate") and isinstance(call.func, cst.Attribute):
@@ -1097,82 +889,35 @@ class _LoopWalker:
                         if recv and (self.f.kinds.get(recv) == "accelerator" or ACCEL_NAME_RE.match(recv.split(".")[-1])):
                             a2 = True
                             self.loop.accumulate_calls.append(call)
-                    if nm.endswith(".no_sync") or nm.endswith("no_backward_sync") or nm.endswith(".join"):
-                        if nm.endswith(".no_sync") or nm.endswith("no_backward_sync"):
-                            n2 = True
-            self._block(_body_list(stmt.body), gates, a2, n2, via, cls, func, depth)
+                    if nm.endswith(".no_sync") or nm.endswith("no_backward_sync"):
+                        n2 = True
+            self._block(_body_list(stmt.body), a2, n2, via, cls, func, depth)
             return
         if isinstance(stmt, (cst.For, cst.While)):
-            if isinstance(stmt, cst.For):
-                self._exprs(stmt.iter, stmt, block, gates, acc, nosync, via, cls, func, depth)
-            else:
-                self._exprs(stmt.test, stmt, block, gates, acc, nosync, via, cls, func, depth)
-            if stmt is self.micro:
-                inner_gates = tuple(g for g in gates if g.kind != "window")
-                self._block(_body_list(stmt.body), inner_gates, acc, nosync, via, cls, func, depth)
-                return
-            lg = Gate("loop", stmt)
-            self._block(_body_list(stmt.body), gates + (lg,), acc, nosync, via, cls, func, depth)
+            self._exprs(stmt.iter if isinstance(stmt, cst.For) else stmt.test, acc, nosync, via, cls, func, depth)
+            self._block(_body_list(stmt.body), acc, nosync, via, cls, func, depth)
             return
         if isinstance(stmt, cst.Try):
-            self._block(_body_list(stmt.body), gates, acc, nosync, via, cls, func, depth)
+            self._block(_body_list(stmt.body), acc, nosync, via, cls, func, depth)
             for h in stmt.handlers:
-                self._block(_body_list(h.body), gates + (Gate("unknown", None),), acc, nosync, via, cls, func, depth)
+                self._block(_body_list(h.body), acc, nosync, via, cls, func, depth)
             if stmt.orelse is not None:
-                self._block(_body_list(stmt.orelse.body), gates, acc, nosync, via, cls, func, depth)
+                self._block(_body_list(stmt.orelse.body), acc, nosync, via, cls, func, depth)
             if stmt.finalbody is not None:
-                self._block(_body_list(stmt.finalbody.body), gates, acc, nosync, via, cls, func, depth)
+                self._block(_body_list(stmt.finalbody.body), acc, nosync, via, cls, func, depth)
             return
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             return
-        # match statements and anything else: walk bodies conservatively as unknown-gated
-        for child in stmt.children:
+        for child in stmt.children:  # match statements and anything else: their bodies
             if isinstance(child, cst.BaseSuite):
-                self._block(_body_list(child), gates + (Gate("unknown", None),), acc, nosync, via, cls, func, depth)
+                self._block(_body_list(child), acc, nosync, via, cls, func, depth)
 
-    def _small(self, small, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
-        loop = self.loop
-        # counters: x += 1
-        if isinstance(small, cst.AugAssign):
-            tname = dotted(small.target)
-            if tname and isinstance(small.operator, cst.AddAssign) and isinstance(small.value, cst.Integer):
-                if small.value.value == "1" and depth == 0:
-                    self.seq += 1
-                    loop.counters.append(Counter(tname, small, self.seq, gates))
-            if tname and isinstance(small.operator, cst.DivideAssign):
-                self.seq += 1
-                loop.divisions.append(Division(tname, small.value, code_of(small.value).strip(), small, self.seq, gates))
-            if tname and isinstance(small.operator, cst.AddAssign) and not isinstance(small.value, (cst.Integer, cst.Float)):
-                self.seq += 1
-                loop.accum_adds.append((tname, small, self.seq, gates))
-        if isinstance(small, cst.Assign) and len(small.targets) == 1:
-            tname = dotted(small.targets[0].target)
-            v = small.value
-            if tname and isinstance(v, cst.BinaryOperation) and isinstance(v.operator, cst.Add):
-                if dotted(v.left) == tname or dotted(v.right) == tname:
-                    other = v.right if dotted(v.left) == tname else v.left
-                    if not isinstance(other, (cst.Integer, cst.Float)):
-                        self.seq += 1
-                        loop.accum_adds.append((tname, small, self.seq, gates))
-        self._exprs(small, stmt, block, gates, acc, nosync, via, cls, func, depth)
+    def _exprs(self, node, acc, nosync, via, cls, func, depth) -> None:
+        """The calls inside an expression / small statement, in evaluation order (arguments first)."""
+        for sub in _walk_calls(node):
+            self._call(sub, acc, nosync, via, cls, func, depth)
 
-    def _exprs(self, node, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
-        """Record divisions and calls inside an expression / small statement, in evaluation order."""
-        loop = self.loop
-        assign_target = None
-        if isinstance(node, cst.Assign) and len(node.targets) == 1:
-            assign_target = dotted(node.targets[0].target)
-        for sub in _walk_expr(node):
-            if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, (cst.Divide, cst.FloorDivide)):
-                if _is_loss_like(sub.left) or (assign_target and _LOSS_NAME.search(assign_target)):
-                    self.seq += 1
-                    loop.divisions.append(
-                        Division(assign_target, sub.right, code_of(sub.right).strip(), sub, self.seq, gates)
-                    )
-            elif isinstance(sub, cst.Call):
-                self._call(sub, stmt, block, gates, acc, nosync, via, cls, func, depth)
-
-    def _call(self, call, stmt, block, gates, acc, nosync, via, cls, func, depth) -> None:
+    def _call(self, call, acc, nosync, via, cls, func, depth) -> None:
         f = self.f
         loop = self.loop
         name = call_name(call) or ""
@@ -1181,18 +926,9 @@ class _LoopWalker:
         q = f.t.qualname(call.func) or ""
         kind = None
         rkind, conf = f.receiver_kind(recv)
-        arg = None
         bstyle = backward_style(call, f)
         if bstyle is not None:
             kind = "backward"
-            if bstyle == "tensor":
-                arg = call.func.value
-                if isinstance(arg, cst.Call):
-                    arg = None
-            elif bstyle == "scaler":
-                arg = positional(call.func.value, 0)
-            else:
-                arg = positional(call, 0)
         elif q in (
             "torch.nn.utils.clip_grad_norm_",
             "torch.nn.utils.clip_grad_value_",
@@ -1202,7 +938,6 @@ class _LoopWalker:
             attr in ("clip_gradients",) and recv in ("self", "fabric")
         ) or (name.endswith("clip_grad_norm_") and rkind != "engine" and not q.startswith("torch.nn.utils") and recv not in (None,) and rkind in (None, "accelerator") and recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad")):
             kind = "clip"
-            arg = positional(call, 0)
         elif attr == "step" and rkind in ("optimizer", "ds_optimizer"):
             kind = "opt_step"
         elif attr == "step" and rkind in ("scheduler", "ds_scheduler"):
@@ -1211,12 +946,10 @@ class _LoopWalker:
             kind = "engine_step"
         elif attr == "step" and rkind == "scaler":
             kind = "scaler_step"
-            arg = positional(call, 0)
         elif attr == "scale" and rkind == "scaler":
             kind = "scaler_scale"
         elif attr == "unscale_" and rkind == "scaler":
             kind = "scaler_unscale"
-            arg = positional(call, 0)
         elif attr == "update" and rkind == "scaler":
             kind = "scaler_update"
         elif attr == "zero_grad":
@@ -1233,11 +966,9 @@ class _LoopWalker:
                     conf = True
         if kind is not None:
             self.seq += 1
-            ev = Event(
+            loop.events.append(Event(
                 kind,
                 call,
-                stmt,
-                tuple(gates),
                 self.seq,
                 receiver=recv,
                 receiver_kind=rkind,
@@ -1245,21 +976,8 @@ class _LoopWalker:
                 in_accumulate=acc,
                 in_no_sync=nosync,
                 via=tuple(via),
-                arg=arg,
                 backward_style=bstyle,
-                block=block,
-            )
-            loop.events.append(ev)
-            if kind == "backward" and arg is not None:
-                # inline division in the backward argument
-                for sub in _walk_expr(arg):
-                    if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, (cst.Divide,)):
-                        known = [d for d in loop.divisions if d.node is sub]
-                        for d in known:
-                            d.in_backward_arg = True
-                        if not known:
-                            loop.divisions.append(Division(None, sub.right, code_of(sub.right).strip(), sub, self.seq,
-                                                           tuple(gates), in_backward_arg=True))
+            ))
             return
         # descend into same-file functions
         if depth < 3:
@@ -1268,176 +986,7 @@ class _LoopWalker:
                 fcls = f.class_of(fn) or cls
                 if fn not in loop.callees:
                     loop.callees.append(fn)
-                self._block(_body_list(fn.body), gates, acc, nosync, via + (fn.name.value,), fcls, fn, depth + 1)
-
-    # -------------------------------------------------------------- gates
-    def _gate(self, test: cst.BaseExpression, func) -> Gate:
-        try:
-            return self._gate_inner(test, func, 0)
-        except Exception:  # pragma: no cover - defensive: unknown structures yield an unknown gate
-            return Gate("unknown", test)
-
-    def _gate_inner(self, test: cst.BaseExpression, func, depth: int) -> Gate:
-        f = self.f
-        if depth > 4:
-            return Gate("unknown", test)
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            inner = self._gate_inner(test.expression, func, depth + 1)
-            g = _negate(inner)
-            g.node = test
-            return g
-        if isinstance(test, cst.BooleanOperation):
-            left = self._gate_inner(test.left, func, depth + 1)
-            right = self._gate_inner(test.right, func, depth + 1)
-            is_or = isinstance(test.operator, cst.Or)
-            for main, other in ((left, right), (right, left)):
-                if main.is_frequency and not main.negated:
-                    if is_or and other.kind == "last":
-                        main = _copy(main, node=test, last_clause=True)
-                        return main
-                    if is_or and other.kind == "invariant":
-                        return Gate("unknown", test)
-                    if not is_or:
-                        return _copy(main, node=test, extra=other.kind != "invariant" or main.extra)
-            if left.kind == "invariant" and right.kind == "invariant":
-                return Gate("invariant", test)
-            if left.kind == "last" and right.kind in ("last", "invariant"):
-                return Gate("last", test)
-            return Gate("unknown", test)
-        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-            ct = test.comparisons[0]
-            op = ct.operator
-            left, right = test.left, ct.comparator
-            # X % M == 0 / != 0
-            for a, b in ((left, right), (right, left)):
-                if (
-                    isinstance(a, cst.BinaryOperation)
-                    and isinstance(a.operator, cst.Modulo)
-                    and isinstance(b, cst.Integer)
-                    and b.value == "0"
-                    and isinstance(op, (cst.Equal, cst.NotEqual))
-                ):
-                    idx, off = _index_expr(a.left)
-                    if idx is None or not self._varies(idx):
-                        return Gate("unknown", test)
-                    return Gate(
-                        "modulo",
-                        test,
-                        index_text=idx,
-                        offset=off,
-                        modulus=a.right,
-                        modulus_text=code_of(a.right).strip(),
-                        eq_zero=isinstance(op, cst.Equal),
-                    )
-            # last-batch tests: i + 1 == len(dl), i == len(dl) - 1, step == num_steps - 1
-            txt = code_of(test)
-            if isinstance(op, (cst.Equal, cst.GreaterThanEqual)) and ("len(" in txt or LAST_RE.search(txt)):
-                names = _names_in(test)
-                if any(self._varies(n) for n in names):
-                    return Gate("last", test)
-            names = _names_in(test)
-            if any(ACCUM_RE.search(n) for n in names) and any(self._varies(n) for n in names):
-                return Gate("counter", test, index_text=None)
-            if not any(self._varies(n) for n in names) and not _calls_of(test):
-                return Gate("invariant", test)
-            return Gate("unknown", test)
-        # ``if (i + 1) % N:`` (truthy: != 0) / ``if not (i + 1) % N:``
-        if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
-            idx, off = _index_expr(test.left)
-            if idx is None or not self._varies(idx):
-                return Gate("unknown", test)
-            return Gate("modulo", test, index_text=idx, offset=off, modulus=test.right,
-                        modulus_text=code_of(test.right).strip(), eq_zero=False)
-        # accelerator.sync_gradients ; engine.is_gradient_accumulation_boundary()
-        d = dotted(test)
-        if d is not None:
-            if d.endswith(".sync_gradients"):
-                return Gate("sync", test)
-            if isinstance(test, cst.Name) and LAST_RE.search(test.value) and self._varies(test.value):
-                return Gate("last", test)
-            if self._varies(d):
-                # a flag assigned from a gate expression
-                assigns = f.t.assignments_of(d, func)
-                if len(assigns) == 1:
-                    g = self._gate_inner(assigns[0].value, func, depth + 1)
-                    if g.kind != "unknown":
-                        return _copy(g, node=test)
-                return Gate("unknown", test)
-            return Gate("invariant", test)
-        if isinstance(test, cst.Call):
-            nm = call_name(test) or ""
-            if nm.endswith("is_gradient_accumulation_boundary"):
-                return Gate("boundary", test)
-            return Gate("unknown", test)
-        if isinstance(test, (cst.Integer, cst.SimpleString)):
-            return Gate("invariant", test)
-        names = _names_in(test)
-        if names and not any(self._varies(n) for n in names) and not _calls_of(test):
-            return Gate("invariant", test)
-        return Gate("unknown", test)
-
-    def _varies(self, name: str) -> bool:
-        """Does the loop (or a per-micro-batch helper) assign this name? Attributes of self count as varying."""
-        if name in self.loop_names:
-            return True
-        head = name.split(".")[0]
-        if head in self.loop_names:
-            return True
-        if head == "self" and "." in name:
-            return True
-        if head in ("state", "trainer"):
-            return True
-        return False
-
-
-def _copy(g: Gate, **kw) -> Gate:
-    d = dict(g.__dict__)
-    d.update(kw)
-    return Gate(**d)
-
-
-def _negate(g: Gate) -> Gate:
-    return _copy(g, negated=not g.negated)
-
-
-def _else(g: Gate) -> Gate:
-    return _copy(g, negated=not g.negated, in_else=not g.in_else)
-
-
-def _index_expr(e: cst.BaseExpression) -> tuple[Optional[str], int]:
-    """``i`` -> ("i", 0); ``i + 1`` -> ("i", 1); ``(self.step + 1)`` -> ("self.step", 1)."""
-    d = dotted(e)
-    if d is not None:
-        return d, 0
-    if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, (cst.Add, cst.Subtract)):
-        if isinstance(e.right, cst.Integer):
-            d = dotted(e.left)
-            if d is not None:
-                n = int(e.right.value, 0) if e.right.value.isdigit() else 0
-                return d, n if isinstance(e.operator, cst.Add) else -n
-        if isinstance(e.left, cst.Integer) and isinstance(e.operator, cst.Add):
-            d = dotted(e.right)
-            if d is not None:
-                return d, int(e.left.value) if e.left.value.isdigit() else 0
-    return None, 0
-
-
-_LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
-
-
-def _is_loss_like(e: cst.BaseExpression) -> bool:
-    d = dotted(e)
-    if d is not None:
-        return bool(_LOSS_NAME.search(d))
-    if isinstance(e, cst.Call):
-        if isinstance(e.func, cst.Attribute) and e.func.attr.value in ("item", "detach", "cpu", "tolist", "numpy"):
-            return False
-        return bool(_LOSS_NAME.search(code_of(e.func)))
-    if isinstance(e, cst.Subscript):
-        return _is_loss_like(e.value)
-    if isinstance(e, cst.BinaryOperation):
-        return _is_loss_like(e.left)
-    return False
+                self._block(_body_list(fn.body), acc, nosync, via + (fn.name.value,), fcls, fn, depth + 1)
 
 
 def _body_list(suite) -> list:
@@ -1448,16 +997,14 @@ def _body_list(suite) -> list:
     return []
 
 
-def _walk_expr(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Binary operations (pre-order) and calls (post-order: arguments before the call), no nested scopes."""
+def _walk_calls(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Calls in post-order (arguments before the call), no nested scopes."""
     out: list[cst.CSTNode] = []
 
     def rec(n: cst.CSTNode, depth: int) -> None:
         tp = type(n)
         if depth > 200 or (tp in _SCOPE_TYPES and n is not node):
             return
-        if tp is cst.BinaryOperation:
-            out.append(n)
         for c in iter_children(n):
             rec(c, depth + 1)
         if tp is cst.Call:
@@ -1469,10 +1016,6 @@ def _walk_expr(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if type(n) is cst.Call]
-
-
-def _stmt_nodes_in(loop: LoopNode) -> list:
-    return [n for n in walk(loop, into_scopes=True) if type(n) is cst.Assign or type(n) is cst.AnnAssign]
 
 
 def build(ctx) -> FileLoops:

@@ -14,13 +14,33 @@ Rules (never import or execute user code):
   A relative import (``from .train_utils import f``) is resolved from the file's package, never above the root.
   Nothing inside ``site-packages`` / ``dist-packages`` is read, and the top-level names of the frameworks the
   rules model (``torch``, ``transformers`` ...) are never looked for in the project.
-- **When**: a module is parsed (libcst) only when the analysis asks for a body; parsed modules are cached per
-  process, keyed by path, size and mtime.
+- **When**: a module is read only when the analysis asks about a name it imports; its outline comes from ``ast``
+  and a definition is parsed with libcst only when its body is needed; modules are cached per process, keyed by
+  path, size and mtime.
 - **Bounds**: at most ``MAX_HOPS`` imports away from the linted file, files up to ``MAX_BYTES``.
 - **Unknown stays unknown**: a missing, unreadable, oversized or unparsable file gives None (the fact is
   unknown; no default replaces it).
 - **Caches**: every sibling read is reported to ``bertlint.cache`` (``note_dependency``), so a cached result is
   invalidated when that file changes.
+
+Where the analysis asks (each hook is a few lines in its module; nothing is read when the file imports no module
+of the project):
+
+- ``loops.FileLoops.callee``: an imported function, the ``__call__`` / method of an instance of an imported class
+  (``loss_scaler(loss, opt)``, ``updater.step(loss, i)``; the instance from the file's assignments, or a
+  parameter bound at the file's own call sites), a method inherited from a sibling's base class, and the calls
+  made inside an inlined sibling function (resolved in that module). A sibling function holding its own training
+  loop is not followed (its file reports it). The dry run uses the sibling's roles and qualified names in its
+  frames, treats the sibling's globals as unknown, and reports at the linted file's call (``ctx.report`` names the
+  other file and line).
+- dry run facts: an Accelerator built by a sibling factory (its ``gradient_accumulation_steps``, parameters mapped
+  to the caller's arguments), a model wrapped in ``DistributedDataParallel`` by a sibling factory (with the
+  conditions it is wrapped under).
+- ``roles``: what a sibling factory returns (``build_optimizer`` -> ``torch.optim.AdamW``), the family of a class
+  whose base is in a sibling (a LightningModule / Trainer subclass).
+- ``setup.project_class`` (Trainer / TrainingArguments classes of the project, read by setup.py itself) reports
+  the files it reads as cache dependencies; ``bertlint.lsp.server`` re-lints an open file when a sibling its last
+  lint read is saved (``reads``).
 
 API::
 
@@ -359,14 +379,15 @@ def _note(path: str) -> None:
 class Scope:
     """Where imports are resolved from: a directory, the project root, the imports, the hops used so far."""
 
-    __slots__ = ("path", "dir", "root", "imports", "hops")
+    __slots__ = ("path", "dir", "root", "imports", "hops", "linted")
 
-    def __init__(self, path: str, root: Optional[str], imports: dict, hops: int) -> None:
+    def __init__(self, path: str, root: Optional[str], imports: dict, hops: int, linted: str = "") -> None:
         self.path = path
         self.dir = os.path.dirname(path)
         self.root = root
         self.imports = imports
         self.hops = hops
+        self.linted = linted or path  # the linted file: never read back as a sibling (an import cycle)
 
 
 def _inside(path: str, top: str) -> bool:
@@ -408,7 +429,7 @@ def _module_target(scope: Scope, dotted_name: str, level: int) -> Optional[Targe
     if scope.hops >= MAX_HOPS:
         return None
     p = find_module(scope, dotted_name, level)
-    if p is None or p == os.path.abspath(scope.path):
+    if p is None or p == os.path.abspath(scope.path) or p == os.path.abspath(scope.linted):
         return None
     if _READING is not None:
         _READING.add(p)
@@ -432,7 +453,7 @@ def _member(t: Target, name: str, scope: Scope, seen: set) -> Optional[Target]:
     cls = info.cls(name)
     if cls is not None:
         return Target("class", cls, info)
-    sub_scope = Scope(info.path, scope.root, info.imports, scope.hops + 1)
+    sub_scope = Scope(info.path, scope.root, info.imports, scope.hops + 1, scope.linted)
     if name in info.imports and (info.path, name) not in seen:  # re-exported: one more hop
         seen.add((info.path, name))
         return _resolve_local(sub_scope, name, seen)
@@ -479,9 +500,27 @@ class Project:
             os.environ.get("BERTLINT_NO_PROJECT") is None
         self._scope: Optional[Scope] = None
         self._memo: dict = {}
+        self._calls: dict = {}
         self.read: set = set()  # the sibling files this lint looked at
         if self.path:
             _READERS[self.path] = self.read
+
+    @property
+    def has_siblings(self) -> bool:
+        """Does any import of the linted file name a module of the project (one look per import, cached)? When
+        none does, every question here is answered at once."""
+        v = self.__dict__.get("_has_sib")
+        if v is None:
+            v = False
+            if self.enabled:
+                sc = self.scope
+                for mod, level, attr in sc.imports.values():
+                    if find_module(sc, mod, level) is not None or (
+                            attr and find_module(sc, f"{mod}.{attr}" if mod else attr, level) is not None):
+                        v = True
+                        break
+            self._has_sib = v
+        return v
 
     @property
     def scope(self) -> Scope:
@@ -501,7 +540,7 @@ class Project:
     def _resolve(self, dotted_name: Optional[str], in_def=None, info: Optional[ModuleInfo] = None) -> Optional[Target]:
         """What a name (``f``, ``tu.f``, ``Cls``) refers to in the project: seen from the linted file, or from
         the sibling module holding ``in_def`` (a foreign function / class). None: not a sibling's definition."""
-        if not self.enabled or not dotted_name:
+        if not dotted_name or not self.has_siblings:
             return None
         scope = self.scope
         if info is None and in_def is not None:
@@ -521,7 +560,7 @@ class Project:
                 for p in dotted_name.split(".")[1:]:
                     t = _member(t, p, scope, set()) if t is not None else None
             else:
-                t = resolve_in(Scope(info.path, scope.root, info.imports, 1), dotted_name)
+                t = resolve_in(Scope(info.path, scope.root, info.imports, 1, self.path), dotted_name)
         else:
             if dotted_name.split(".")[0] not in scope.imports:
                 self._memo[key] = None
@@ -539,9 +578,17 @@ class Project:
         return info.method_class.get(id(func)) if info is not None else None
 
     def callee(self, call: cst.Call, func, cls, loops) -> Optional[cst.FunctionDef]:
+        if not self.has_siblings:
+            return None
+        key = (id(call), id(func), id(cls))
+        memo = self._calls
+        hit = memo.get(key)
+        if hit is not None and hit[0] is call:
+            return hit[1]  # (the dry run asks again on every micro-batch of every configuration)
         fn = self._callee(call, func, cls, loops)
         if fn is not None and owns_training_loop(fn):
-            return None  # the sibling's own training loop: reported when that file is linted, never twice
+            fn = None  # the sibling's own training loop: reported when that file is linted, never twice
+        memo[key] = (call, fn)
         return fn
 
     def _callee(self, call: cst.Call, func, cls, loops) -> Optional[cst.FunctionDef]:
@@ -588,7 +635,11 @@ class Project:
                 if cls is None or info_of(cls) is not None:
                     return None
                 base = self.base_class(cls, loops)
-                return base.info.method(base.node, fn.attr.value) if base is not None else None
+                m = base.info.method(base.node, fn.attr.value) if base is not None else None
+                if m is None:  # ``self.loss_scaler(loss, opt)``: an attribute holding an instance of a sibling class
+                    c = self.instance_class(f"self.{fn.attr.value}", func, loops, 0)
+                    m = c.info.method(c.node, "__call__") if c is not None else None
+                return m
             t = self.resolve(f"{d}.{fn.attr.value}")
             if t is not None:
                 return t.node if t.kind == "function" else None
@@ -602,7 +653,7 @@ class Project:
         train_util.prepare_accelerator(args)``): ``(constructor Call in the sibling, {param: caller's argument
         text}, sibling ModuleInfo, target name)`` when every binding of the target comes from such a factory whose
         ``return`` hands back a constructor with qualified name in ``names``; None otherwise (unknown)."""
-        if not self.enabled:
+        if not self.has_siblings:
             return None
         key = ("factory", names)
         if key in self._memo:
@@ -644,7 +695,7 @@ class Project:
         ``(wrapping Call in the sibling, [condition texts it runs under, outermost first], ModuleInfo, site Call)``.
         ``qual_ok(qualname)`` says which constructor wraps; ``is_model(expr text)``, which argument is a model.
         None when no such factory is seen."""
-        if not self.enabled:
+        if not self.has_siblings:
             return None
         key = ("wrap", id(qual_ok))
         if key in self._memo:
@@ -660,12 +711,12 @@ class Project:
                 cn = _dotted(c.func)
                 if cn is None or cn.split(".")[0] not in self.scope.imports:
                     continue
-                args = [_code(x.value) for x in c.args if not x.star]
-                if not (target in args or any(is_model(t) for t in args)):
-                    continue  # the factory is not handed the model it gives back
                 tg = self.resolve(cn)
                 if tg is None or tg.kind != "function":
                     continue
+                args = [_code(x.value) for x in c.args if not x.star]
+                if not (target in args or any(is_model(t) for t in args)):
+                    continue  # the factory is not handed the model it gives back
                 hit = _returned_wrap(tg.node, tg.info, qual_ok)
                 if hit is not None:
                     res = (hit[0], hit[1], tg.info, c)
@@ -781,10 +832,6 @@ def info_of(node) -> Optional[ModuleInfo]:
         if hit is not None and hit[0] is node:
             return hit[1]
     return None
-
-
-def is_foreign(node) -> bool:
-    return info_of(node) is not None
 
 
 def where(node, info: Optional[ModuleInfo] = None) -> Optional[str]:

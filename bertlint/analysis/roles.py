@@ -468,6 +468,8 @@ _FAMILY_OF_QUALNAME = (
                           r"transformers\.models\.\w+\.modeling_\w+\.(?!\w*Output$)\w+)$")),
 )
 
+_SIBLING_SKIP = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "peft", "trl",
+                 "diffusers", "timm", "apex", "bitsandbytes", "fairseq", "datasets", "numpy")
 _FAMILY_ROLE = {
     "trainer": "trainer",
     "lightning_module": "lightning_module",
@@ -1434,6 +1436,11 @@ class Roles:
                             if e.role == sub.role]
             if recv_expr is not None:
                 return []
+        if self.__dict__.get("xp") is not None and q and not q.startswith(_SIBLING_SKIP) and \
+                q.split(".")[0] in self.t.imports and self._callee_def(call, scope) is None:
+            sev = self._sibling_factory_evidence(call, index, depth)  # a factory / class of a sibling module
+            if sev:
+                return sev
         if index is not None and self._callee_def(call, scope) is None:
             return []  # ``a, b = f(...)``: what position i of an unknown result is, is unknown
         # --- a known package's constructor / factory
@@ -1743,6 +1750,49 @@ class Roles:
                 break
         self._family[id(cls)] = res
         return res
+
+    def _sibling_factory_evidence(self, call: cst.Call, index: Optional[int], depth: int) -> list:
+        """What a factory / class of a sibling module builds (``optimizer = build_optimizer(cfg, model)`` returning
+        ``torch.optim.AdamW(...)`` in optim_utils.py; ``Net(...)`` whose base there is an ``nn.Module``), read in
+        that module with its own imports (``bertlint.analysis.project``). [] when unknown."""
+        cn = dotted(call.func)
+        if not cn or depth > 6:
+            return []
+        try:
+            tg = self.xp.resolve(cn)
+            if tg is None:
+                return []
+            at = tg.info.name
+            if tg.kind == "class":
+                fam, base = tg.info.roles._class_info(tg.node, depth + 1)
+                if fam in _FAMILY_ROLE and index is None:
+                    return [Evidence("constructor", _FAMILY_ROLE[fam], f"`{cn}(...)`, a subclass of {base} ({at})",
+                                     call, base, None, None)]
+                return []
+            if tg.kind != "function" or tg.node.name.value == "__init__":
+                return []
+            sib = tg.info.roles
+            rets = tg.info.symbols.returns.get(id(tg.node), [])
+            found = []
+            for r in rets:
+                if _is_none(r):
+                    continue
+                if index is not None:
+                    if not (isinstance(r, cst.Tuple) and index < len(r.elements)):
+                        return []
+                    r = r.elements[index].value
+                e = decide(sib._expr_evidence(r, tg.node, depth + 1))
+                if e is None or not e.confident:
+                    return []
+                found.append(e)
+            if found and len({e.role for e in found}) == 1:
+                e0 = found[0]
+                kind = "constructor" if e0.evidence[0].kind == "constructor" else "usage"
+                return [Evidence(kind, e0.role, f"returned by `{cn}()` in {at} ({e0.why})", call, e0.qualname,
+                                 e0.wrapped_by, None)]
+        except Exception:
+            return []
+        return []
 
     def _sibling_class_info(self, dotted_base: str, depth: int) -> tuple[Optional[str], Optional[str]]:
         """(family, framework base) of a base class defined in a sibling module (``bertlint.analysis.project``):

@@ -52,6 +52,8 @@ def check(ctx) -> None:
                 data={"tail": v.data},
             )
             continue
+        if getattr(tr, "driver", ""):
+            continue  # the run chose where the caller's count starts (0): the first window's length is not known
         flag = _flag_definition(ctx, cond, tr.n_text, run.loop)
         if flag is not None:
             # ``if is_accumulation_step: ... else: step``: the gate is the flag's definition

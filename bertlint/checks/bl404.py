@@ -100,6 +100,8 @@ def _check_unscaled(ctx, fs, tv, cname, methods, fdef) -> None:
         if base and _NO_LABEL_TRAINERS.search(base.split(".")[-1]):
             return
     built = [ti for ti in fs.trainers if ti.class_name == cname]
+    if not built and _annotated_foreign_model(ctx, fdef):
+        return  # the model is declared to be another package's class: none the assumption below names
     verdicts = []  # (affected: True/None, model text, N or None, N text)
     for ti in built:
         if ti.loss_scaling_override or ti.compute_loss_func is not None:
@@ -139,6 +141,31 @@ def _check_unscaled(ctx, fs, tv, cname, methods, fdef) -> None:
         data={"kind": "unscaled_override", "accumulation": n, "transformers": tv.text,
               "version_source": tv.source, "assumed_model": what is None},
     )
+
+
+# packages whose model classes the assumption of (b) covers, or whose annotations say nothing of the model's forward
+_GENERIC_MODEL_PACKAGES = ("transformers", "peft", "trl", "torch", "typing", "builtins", "lightning",
+                           "pytorch_lightning", "accelerate")
+
+
+def _annotated_foreign_model(ctx, fdef) -> bool:
+    """The override annotates its model parameter with a class imported from another package
+    (``def compute_loss(self, intervenable: pv.IntervenableModel, inputs, ...)``, ``import pyvene as pv``): the model
+    the Trainer holds is that class, not a transformers head nor a class of the script, and whether its ``forward``
+    takes ``**kwargs`` (what the Trainer's ``model_accepts_loss_kwargs`` reads) is not known here."""
+    import libcst as cst
+
+    params = [p for p in fdef.params.params if p.name.value not in ("self", "cls")]
+    if not params or params[0].annotation is None:
+        return False
+    ann = params[0].annotation.annotation
+    if not isinstance(ann, (cst.Name, cst.Attribute)):
+        return False
+    q = ctx.symbols.qualname(ann) or ""
+    top = q.split(".")[0]
+    if not q or "." not in q or top in _GENERIC_MODEL_PACKAGES or q.split(".")[-1] in ctx.symbols.classes:
+        return False
+    return top in {v.split(".")[0] for v in ctx.symbols.imports.values()}
 
 
 def _framework_base(ctx, cls):
