@@ -537,9 +537,10 @@ def scaled_twice(trace: Trace) -> list:
     for b in trace.of("backward"):
         if b.scale is None or not b.certain:
             continue
-        user, fw = b.scale.by(ACCUM_USER), b.scale.by(ACCUM_FRAMEWORK)
-        if not user or not fw:
-            continue
+        user = [f for f in b.scale.by(ACCUM_USER) if f.power < 0]
+        fw = [f for f in b.scale.by(ACCUM_FRAMEWORK) if f.power < 0]
+        if not user or not fw or b.scale.n_power > -2:
+            continue  # (``loss * N`` undoing the framework's ``/ N`` — a window-token normalisation — is no 1/N²)
         f = fw[0]
         n = trace.n
         total = b.scale.value(n) * n if n and b.scale.value(n) is not None else None

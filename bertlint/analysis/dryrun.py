@@ -1281,6 +1281,21 @@ class _Runner:
             return it
         return found if found is not None else it
 
+    def _n_sources(self) -> frozenset:
+        """What the accumulation factor's name is an alias of: the one expression (a name or attribute) every
+        assignment to it in the file holds (``accum_grad = self.accum_grad`` makes ``self.accum_grad`` N as well,
+        read by the helpers the loop calls)."""
+        got = self.__dict__.get("_nsrc")
+        if got is None:
+            vals = set()
+            for a in self.t.assignments.get(self.n_text, []) or []:
+                if a.value is None:
+                    continue
+                vals.add(self.dr.code(a.value).strip() if isinstance(a.value, (cst.Name, cst.Attribute)) else None)
+            got = frozenset(vals) if len(vals) == 1 and None not in vals else frozenset()
+            self._nsrc = got
+        return got
+
     def _pin_default(self, expr, frame) -> None:
         """The micro-batch index starts at an expression of the loop function's own parameter whose default is an
         integer (``enumerate(loader, start=start_step + 1)``, ``start_step=0``), never assigned in the function: the
@@ -1768,6 +1783,8 @@ class _Runner:
             return Num(self.n, is_n=True, text=name)
         if name in self.pinned and frame.depth == 0:
             return Num(self.pinned[name], text=name)
+        if self.n_text and name in self._n_sources():
+            return Num(self.n, is_n=True, text=name)  # ``accum_grad = self.accum_grad``: the aliased value is N too
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
             head = name.rsplit(".", 1)[0]
             if self.dr.role(head, func)[0] == "accelerator":

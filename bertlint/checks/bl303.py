@@ -58,7 +58,8 @@ def _diffusers(ctx) -> None:
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "enable_gradient_checkpointing"):
             continue
         recv = dotted(call.func.value)
-        if not recv or not _diffusers_model(ctx, recv):
+        built = _diffusers_model(ctx, recv) if recv else None
+        if built is None:
             continue
         freeze = next((c for c in calls if isinstance(c.func, cst.Attribute) and
                        c.func.attr.value == "requires_grad_" and dotted(c.func.value) == recv and c.args and
@@ -69,9 +70,16 @@ def _diffusers(ctx) -> None:
         if inject is None:
             continue
         row = lambda n: ctx.span(n)[0].row  # noqa: E731
+        when, this_sev = "", sev
+        if built is False:
+            # one branch builds the project's own class, whose checkpoint calls are its own: only the diffusers
+            # branch is known to checkpoint reentrantly
+            when = (f"When `{recv}` is built from a diffusers class (another assignment builds it from a class that "
+                    f"is not diffusers', whose blocks checkpoint as its own code does): ")
+            this_sev = Severity.WARNING
         ctx.report(
             call,
-            f"`{recv}` is frozen (`{code_of(freeze).strip()}`, line {row(freeze)}) and then given trainable weights "
+            f"{when}`{recv}` is frozen (`{code_of(freeze).strip()}`, line {row(freeze)}) and then given trainable weights "
             f"(`{code_of(inject).strip()[:80]}`, line {row(inject)}, whose result goes to the optimizer); on {era} "
             f"`enable_gradient_checkpointing()` makes its blocks call `torch.utils.checkpoint.checkpoint` reentrantly "
             f"(no `use_reentrant` argument), and a reentrant checkpoint only back-propagates into a block when one of "
@@ -80,19 +88,33 @@ def _diffusers(ctx) -> None:
             f"of the inputs have requires_grad=True`). diffusers >= {DIFFUSERS_NON_REENTRANT} passes "
             f"`use_reentrant=False` (huggingface/diffusers#3404). Fix: require diffusers>={DIFFUSERS_NON_REENTRANT}, "
             f"or make the first block's input require grad, or do not enable checkpointing on the frozen model.",
-            severity=sev,
+            severity=this_sev,
         )
 
 
-def _diffusers_model(ctx, name: str) -> bool:
+def _diffusers_model(ctx, name: str):
+    """The assignment building ``name`` from a diffusers class, or None. ``False`` when another assignment builds it
+    from a class that is not diffusers' (``UNet3DConditionModel.from_pretrained_2d(...)`` of the project, whose blocks
+    call the checkpoint as that code does: AnimateDiff's motion modules pass ``hidden_states.requires_grad_()``)
+    while one builds a diffusers model: the verdict then holds only for the diffusers branch. Wrappers of the model
+    itself (``unet = DDP(unet)``, ``accelerator.prepare(unet)``) build nothing."""
+    diff, other = None, False
     for a in ctx.symbols.assignments.get(name, []):
         v = a.value
-        if isinstance(v, cst.Call):
-            f = v.func.value if isinstance(v.func, cst.Attribute) and v.func.attr.value == "from_pretrained" else v.func
-            q = ctx.symbols.qualname(f) if isinstance(f, (cst.Name, cst.Attribute)) else None
-            if q and q.startswith("diffusers."):
-                return True
-    return False
+        if not isinstance(v, cst.Call):
+            continue
+        if any(dotted(x.value) == name for x in v.args) or (isinstance(v.func, cst.Attribute) and
+                                                              dotted(v.func.value) == name):
+            continue  # wraps or moves the model itself
+        f = v.func.value if isinstance(v.func, cst.Attribute) and v.func.attr.value.startswith("from_") else v.func
+        q = ctx.symbols.qualname(f) if isinstance(f, (cst.Name, cst.Attribute)) else None
+        if q and q.startswith("diffusers."):
+            diff = diff or a
+        else:
+            other = True
+    if diff is not None and other:
+        return False
+    return diff
 
 
 def _injection(ctx, calls, recv: str, freeze) -> Optional[cst.Call]:
@@ -115,6 +137,9 @@ def _injection(ctx, calls, recv: str, freeze) -> Optional[cst.Call]:
             continue
         if isinstance(c.func, cst.Attribute) and c.func.attr.value in ("requires_grad_", "to", "enable_gradient_checkpointing"):
             continue
+        last = ((dotted(c.func) or "") if isinstance(c.func, (cst.Name, cst.Attribute)) else "").rsplit(".", 1)[-1]
+        if last in _WRAPPERS:
+            continue  # `unet = DDP(unet, ...)`: wraps the model, adds no trainable weights
         p = ctx.index.parent(c)
         if not isinstance(p, cst.Assign):
             continue
@@ -125,6 +150,11 @@ def _injection(ctx, calls, recv: str, freeze) -> Optional[cst.Call]:
         if names and any(_reaches(ctx, e, names) for e in opt_args):
             return c
     return None
+
+
+# calls that wrap or place a model without adding parameters to it
+_WRAPPERS = {"DDP", "DistributedDataParallel", "DataParallel", "FSDP", "FullyShardedDataParallel", "compile",
+             "prepare", "prepare_model", "cuda", "half", "float", "bfloat16", "train", "eval"}
 
 
 def _names(node) -> set:
