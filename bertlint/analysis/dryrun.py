@@ -1595,6 +1595,10 @@ class _Runner:
                     fac = T.Factor(T.SCALER, "apex amp loss scale") if nm == "scale_loss" else \
                         T.Factor(T.OTHER, self.dr.code(e.func) + "()")
                     v = Tensor(a0.scale.times(fac), a0.graph, a0.node, a0.since)
+                elif nm_is_scale_loss(e) or isinstance(v, Tensor):
+                    # the loss handed in is not known here (a helper's tuple, an argument): what the manager yields
+                    # is that unknown loss times its scale, not a fresh tensor of scale 1
+                    v = UNK
             if isinstance(v, _CtxFn) and v.kind == "no_sync":
                 nosync = True
                 self.emit("no_sync", e, target=v.text)
@@ -2952,6 +2956,10 @@ def _loop_exits(stmt) -> frozenset:
             continue
         todo.extend(children(n))
     return frozenset(found)
+
+
+def nm_is_scale_loss(call) -> bool:
+    return (call_name(call) or "").split(".")[-1] == "scale_loss"
 
 
 def _zero_grad_call(small) -> bool:
