@@ -1590,12 +1590,12 @@ class _Runner:
                 # a context manager handed the loss yields a loss (apex ``with amp.scale_loss(loss, opt) as
                 # scaled:`` — the loss times the loss scale); another one: its factors times an unknown one
                 a0 = self.ev(positional(e, 0), frame)
+                nm = (call_name(e) or "").split(".")[-1]
                 if isinstance(a0, Tensor) and a0.scale is not None:
-                    nm = (call_name(e) or "").split(".")[-1]
                     fac = T.Factor(T.SCALER, "apex amp loss scale") if nm == "scale_loss" else \
                         T.Factor(T.OTHER, self.dr.code(e.func) + "()")
                     v = Tensor(a0.scale.times(fac), a0.graph, a0.node, a0.since)
-                elif nm_is_scale_loss(e) or isinstance(v, Tensor):
+                elif nm == "scale_loss" or isinstance(v, Tensor):
                     # the loss handed in is not known here (a helper's tuple, an argument): what the manager yields
                     # is that unknown loss times its scale, not a fresh tensor of scale 1
                     v = UNK
@@ -2956,10 +2956,6 @@ def _loop_exits(stmt) -> frozenset:
             continue
         todo.extend(children(n))
     return frozenset(found)
-
-
-def nm_is_scale_loss(call) -> bool:
-    return (call_name(call) or "").split(".")[-1] == "scale_loss"
 
 
 def _zero_grad_call(small) -> bool:

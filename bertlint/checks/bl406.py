@@ -3,6 +3,8 @@ bounds the stored logits (REFERENCE §1.9: every batch's B×L×V logits stay on 
 
 from __future__ import annotations
 
+import libcst as cst
+
 from bertlint.analysis.setup import TOKEN_LEVEL_HEADS
 
 # heads whose logits have one column per vocabulary entry (B × L × V): token classification has a handful of labels
@@ -67,7 +69,6 @@ def _passes_eval_dataset(call) -> bool:
     """``Trainer(..., eval_dataset=X)`` with X not the literal None."""
     for arg in getattr(call, "args", ()):
         if arg.keyword is not None and arg.keyword.value == "eval_dataset":
-            v = arg.value
-            return not (getattr(v, "value", None) == "None" and type(v).__name__ == "Name")
+            return not (isinstance(arg.value, cst.Name) and arg.value.value == "None")
     return False
 
