@@ -641,6 +641,14 @@ def _manual_steps(dr) -> list:
     return out
 
 
+def _called_and_stepping(f) -> tuple[set, set]:
+    """ids of the functions some loop of the file calls, and of the functions whose own loops step an optimizer."""
+    called = set()
+    for lp in f:
+        called.update(id(c) for c in lp.callees)
+    return called, {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+
+
 def _index_param_fns(dr, taken: set) -> list:
     """Functions (methods) that backpropagate and step an optimizer under a gate on one of their own parameters
     modulo the accumulation factor (``def step(self, loss, global_step): scaler.scale(loss).backward(); if
@@ -649,10 +657,7 @@ def _index_param_fns(dr, taken: set) -> list:
     counting from 0, a configuration the findings state."""
     out = []
     f = dr.f
-    called = set()
-    for lp in f:
-        called.update(id(c) for c in lp.callees)
-    stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+    called, stepping = _called_and_stepping(f)
     with_bw = {id(func): func for _, func in f.t.backward_calls if func is not None}
     for fn in with_bw.values():
         if id(fn) in taken or id(fn) in called or id(fn) in stepping or fn.name.value.startswith("__"):
@@ -755,10 +760,7 @@ def _counter_methods(dr, taken: set) -> list:
     this file (see :class:`ManualStep`)."""
     out = []
     f = dr.f
-    called = set()
-    for lp in f:
-        called.update(id(c) for c in lp.callees)
-    stepping = {id(lp.func) for lp in f if lp.of("opt_step", "scaler_step", "engine_step")}
+    called, stepping = _called_and_stepping(f)
     cands: dict = {}  # the methods that advance a ``self.x += ...`` counter (from the symbol table: no walk)
     for name, sites in f.t.aug_assigns.items():
         if not name.startswith("self.") or name.count(".") != 1:

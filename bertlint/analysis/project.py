@@ -58,6 +58,8 @@ from typing import Optional
 
 import libcst as cst
 
+from bertlint.analysis.symbols import dotted
+
 MAX_HOPS = 2
 MAX_BYTES = 400_000
 ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
@@ -286,16 +288,16 @@ def imports_of(module: cst.Module) -> dict:
             for s in st.body:
                 if isinstance(s, cst.Import):
                     for a in s.names:
-                        full = _dotted(a.name) or ""
+                        full = dotted(a.name) or ""
                         if a.asname is not None and isinstance(a.asname.name, cst.Name):
                             out[a.asname.name.value] = (full, 0, None)
                         elif full:
                             out.setdefault(full.split(".")[0], (full.split(".")[0], 0, None))
                 elif isinstance(s, cst.ImportFrom) and not isinstance(s.names, cst.ImportStar):
-                    mod = _dotted(s.module) if s.module is not None else ""
+                    mod = dotted(s.module) if s.module is not None else ""
                     level = len(s.relative)
                     for a in s.names:
-                        nm = _dotted(a.name) or ""
+                        nm = dotted(a.name) or ""
                         local = nm
                         if a.asname is not None and isinstance(a.asname.name, cst.Name):
                             local = a.asname.name.value
@@ -614,7 +616,7 @@ class Project:
                 if cls is not None and info_of(cls) is info:
                     return info.method(cls, fn.attr.value)
                 return None
-            d = _dotted(fn)
+            d = dotted(fn)
             if d and d.split(".")[0] in info.imports:
                 t = self.resolve(d, info=info)
                 return t.node if t is not None and t.kind == "function" else None
@@ -628,7 +630,7 @@ class Project:
                 return c.info.method(c.node, "__call__")
             return None
         if isinstance(fn, cst.Attribute):
-            d = _dotted(fn.value)
+            d = dotted(fn.value)
             if d is None:
                 return None
             if d == "self":
@@ -665,8 +667,8 @@ class Project:
             if not assigns or not all(isinstance(a.value, cst.Call) for a in assigns):
                 continue
             calls = [a.value for a in assigns]
-            cn = _dotted(calls[0].func)
-            if cn is None or any(_dotted(c.func) != cn for c in calls) or cn.split(".")[0] not in self.scope.imports:
+            cn = dotted(calls[0].func)
+            if cn is None or any(dotted(c.func) != cn for c in calls) or cn.split(".")[0] not in self.scope.imports:
                 continue
             tg = self.resolve(cn)
             if tg is None or tg.kind != "function":
@@ -708,7 +710,7 @@ class Project:
             if True:
                 if not isinstance(c, cst.Call):
                     continue
-                cn = _dotted(c.func)
+                cn = dotted(c.func)
                 if cn is None or cn.split(".")[0] not in self.scope.imports:
                     continue
                 tg = self.resolve(cn)
@@ -729,7 +731,7 @@ class Project:
     def base_class(self, cls: cst.ClassDef, loops) -> Optional[Target]:
         """The first base of a linted-file class that is a class of a sibling module (None otherwise)."""
         for b in cls.bases:
-            d = _dotted(b.value)
+            d = dotted(b.value)
             t = self.resolve(d) if d else None
             if t is not None and t.kind == "class":
                 return t
@@ -755,7 +757,7 @@ class Project:
                 if not isinstance(v, cst.Call):
                     found = []
                     break
-                cn = _dotted(v.func)
+                cn = dotted(v.func)
                 ct = self.resolve(cn) if cn else None
                 if ct is None or ct.kind != "class":
                     found = []
@@ -791,7 +793,7 @@ class Project:
                     return None
                 if idx < len(pos):
                     arg = pos[idx].value
-            d = _dotted(arg) if arg is not None else None
+            d = dotted(arg) if arg is not None else None
             ct = self.instance_class(d, caller, loops, depth + 1) if d else None
             if ct is None:
                 return None
@@ -958,15 +960,6 @@ def _code(node) -> str:
         return cst.Module(body=[]).code_for_node(node).strip()
     except Exception:
         return ""
-
-
-def _dotted(e) -> Optional[str]:
-    if isinstance(e, cst.Name):
-        return e.value
-    if isinstance(e, cst.Attribute):
-        d = _dotted(e.value)
-        return f"{d}.{e.attr.value}" if d else None
-    return None
 
 
 def _body(suite) -> list:

@@ -1040,6 +1040,17 @@ class _Builder:
                     return v
         return f"--{dest}"
 
+    def _parser_args_class(self, call: cst.Call) -> Optional[tuple[int, list]]:
+        """(index of the TrainingArguments class, the dataclass types) of an ``HfArgumentParser(...)`` call."""
+        first = positional(call, 0) or kwarg(call, "dataclass_types")
+        if first is None:
+            return None
+        elems = [e.value for e in first.elements] if isinstance(first, (cst.Tuple, cst.List)) else [first]
+        for i, e in enumerate(elems):
+            if self.is_args_class(e):
+                return i, elems
+        return None
+
     def hf_parser_args(self) -> list[TrainingArgs]:
         """``HfArgumentParser((ModelArguments, TrainingArguments))`` + ``parse_*`` calls."""
         out = []
@@ -1049,28 +1060,17 @@ class _Builder:
             n = call_name(site.call) or ""
             if n.split(".")[-1] != "HfArgumentParser" or len(site.targets) != 1:
                 continue
-            first = positional(site.call, 0) or kwarg(site.call, "dataclass_types")
-            if first is None:
-                continue
-            elems = [e.value for e in first.elements] if isinstance(first, (cst.Tuple, cst.List)) else [first]
-            for i, e in enumerate(elems):
-                if self.is_args_class(e):
-                    parsers[site.targets[0]] = i
-                    classes_of[site.targets[0]] = elems
-                    break
+            found = self._parser_args_class(site.call)
+            if found is not None:
+                parsers[site.targets[0]], classes_of[site.targets[0]] = found
         inline: dict[int, tuple[int, list]] = {}  # HfArgumentParser(X).parse_...(): the parser is never named
         for site in self.col.calls:
             f = site.call.func
             if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Call) and \
                     (call_name(f.value) or "").split(".")[-1] == "HfArgumentParser":
-                first = positional(f.value, 0) or kwarg(f.value, "dataclass_types")
-                if first is None:
-                    continue
-                elems = [e.value for e in first.elements] if isinstance(first, (cst.Tuple, cst.List)) else [first]
-                for i, e in enumerate(elems):
-                    if self.is_args_class(e):
-                        inline[id(site.call)] = (i, elems)
-                        break
+                found = self._parser_args_class(f.value)
+                if found is not None:
+                    inline[id(site.call)] = found
         if not parsers and not inline:
             return out
         for site in self.col.calls:
