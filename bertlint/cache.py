@@ -26,12 +26,16 @@ standard input and the language server never use the cache.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import sys
 from typing import Any, Optional
+
+try:  # hashlib's blake2b is this one; importing hashlib also loads OpenSSL's _hashlib (~6 ms), which the cache never uses
+    from _blake2 import blake2b
+except ImportError:  # an interpreter built without it
+    from hashlib import blake2b
 
 from bertlint.types import Applicability, Diagnostic, Edit, Fix, Position, Severity, Verification
 
@@ -131,7 +135,7 @@ def _rules_stamp() -> list:
 
 def _code_digest(code) -> str:
     """A code object's bytecode and constants (nested functions' too), without memory addresses."""
-    h = hashlib.blake2b(digest_size=8)
+    h = blake2b(digest_size=8)
 
     def feed(c, depth=0):
         h.update(c.co_code)
@@ -153,7 +157,7 @@ def global_key() -> str:
 
     blob = json.dumps([FORMAT, __version__, sys.version, _package_stamp(), _rules_stamp(),
                        bool(os.environ.get("BERTLINT_NO_PROJECT"))])  # (the project's modules not read: other results)
-    return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
+    return blake2b(blob.encode(), digest_size=16).hexdigest()
 
 
 def settings_key(settings) -> str:
@@ -275,10 +279,10 @@ class Cache:
         fk = self.folder_keys.get(directory)
         if fk is None:
             blob = json.dumps([_folder_stamp(directory), self.versions_key(directory)])
-            fk = self.folder_keys[directory] = hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
+            fk = self.folder_keys[directory] = blake2b(blob.encode(), digest_size=16).hexdigest()
         if self.global_key is None:
             self.global_key = global_key()
-        h = hashlib.blake2b(digest_size=20)
+        h = blake2b(digest_size=20)
         h.update(self.global_key.encode())
         h.update(fk.encode())
         h.update(settings_key(settings).encode())
@@ -290,7 +294,7 @@ class Cache:
     # ---- buckets: one JSON file per source folder
     def _bucket_name(self, path: str) -> str:
         d = os.path.dirname(os.path.abspath(path))
-        return hashlib.blake2b(d.encode(), digest_size=10).hexdigest() + ".json"
+        return blake2b(d.encode(), digest_size=10).hexdigest() + ".json"
 
     def _bucket(self, name: str) -> dict:
         b = self.buckets.get(name)

@@ -306,6 +306,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
         _ENTRY_POINT = True
+        from bertlint import _recache
+
+        _recache.install()  # the compiled patterns of earlier runs (bertlint/_recache.py)
     import gc
 
     gc_was = gc.isenabled()
