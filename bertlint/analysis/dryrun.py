@@ -949,6 +949,7 @@ class _Runner:
         self.store_logs: list = []
         self.shared: dict = {}  # self.* attributes
         self._loader = None
+        self._range_len: Optional[str] = None  # ``E`` of a micro-batch loop ``for i in range(E)``: its length
         self._outermost = None
         self._stmt_node = None
         self._cur_block: list = []
@@ -1249,6 +1250,12 @@ class _Runner:
             else:
                 return [None] * count
             window = is_micro and node is not self.loop.node
+            if is_micro and not window and b is None and a == 0 and s == 1:
+                # ``for itr in range(E)``: the simulated loop is E iterations long, so ``itr + 1 == E`` is its
+                # last iteration (as ``len(loader)`` is the simulated length of a loader)
+                bound = [x.value for x in it.args if x.keyword is None][-1]
+                if isinstance(bound, (cst.Name, cst.Attribute)):
+                    self._range_len = self.dr.code(bound)
             if window and self.n and (b is None or s in (None, 0)):
                 count = self.n  # a window loop of unknown bounds runs N times (N: its own iteration count)
             if a is None:
@@ -1765,6 +1772,10 @@ class _Runner:
             frame.locals[name] = v
 
     def load(self, name: str, frame):
+        if name == self._range_len:
+            got = self.shared.get(name) if name.startswith("self.") else frame.locals.get(name)
+            if got is None or got is UNK or isinstance(got, _Unk) or (isinstance(got, Num) and got.v is None):
+                return Num(self.length, text=name)  # the bound of the micro-batch loop's ``range(E)``: its length
         if name.startswith("self."):
             if name in self.shared:
                 return self.shared[name]
