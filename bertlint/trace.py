@@ -449,7 +449,9 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
                 bws = [b for b in bws if not _claimed(trace, b, opt)]
                 if len({b.mb for b in bws}) < 2:
                     continue
-            clears = [e for e in clears if any(b.mb < e.mb for b in bws)]
+            # a clear erases the backwards that ran before it (in this micro-batch too: ``backward(); zero_grad()``)
+            clears = [e for e in clears if any(b.mb < e.mb or (b.mb == e.mb and w.events.index(b) < w.events.index(e))
+                                               for b in bws)]
             # a clear at the start of an epoch, before its first backward, after the previous epoch's tail: the tail
             # is dropped (BL107's epoch_tail), the window's own micro-batches are not erased
             clears = [e for e in clears if not _epoch_start_clear(w, e, bws)]
@@ -457,7 +459,7 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
                 continue
             e = clears[-1]
             pos = w.events.index(e)
-            before = [b for b in bws if w.events.index(b) < pos and b.mb < e.mb]
+            before = [b for b in bws if w.events.index(b) < pos]
             kept = [b for b in bws if w.events.index(b) > pos]
             lost = len({b.mb for b in before})
             mbs = sorted({b.mb for b in bws})

@@ -565,6 +565,10 @@ def _probe_factor(dr: FileDryRun, loop, window):
         sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
         if sib is not None and sib[1] != "1":
             return AccumFactor(sib[1], sib[0], "accelerator", None)
+        if sib is None and probe.acc_used and probe.acc_recv:
+            # the loop accumulates through ``accumulate()`` of an Accelerator built outside the file (handed to a
+            # trainer class, a function's argument): its gradient_accumulation_steps is the factor, a symbol
+            return AccumFactor(f"{probe.acc_recv}.gradient_accumulation_steps", None, "accumulate", None)
     return None
 
 
@@ -935,6 +939,7 @@ class _Runner:
         self.engine_micro = 0
         self.sync_control = False
         self.acc_used = False
+        self.acc_recv: Optional[str] = None  # the Accelerator ``accumulate()`` was entered through, as written
         self.n_candidates: list = []
         self.n_nodes: dict = {}  # candidate text -> (its expression, "gate" | "division")
         # the run that looks for N: a period of known value (``% 4``, ``% args.accum`` resolved to 8) is not decided
@@ -987,7 +992,11 @@ class _Runner:
             return (self.n if self.n and self.n > 1 else None, ga.text)
         if f.accelerator_calls:
             return (1, "1")
-        return _sibling_accelerator_n(self)
+        sib = _sibling_accelerator_n(self)
+        if sib is None and self.n_text.endswith(".gradient_accumulation_steps") and \
+                self.dr.role(self.n_text.rsplit(".", 1)[0], getattr(self.loop, "func", None))[0] == "accelerator":
+            return (self.n, self.n_text)  # an Accelerator from outside the file: its setting is the run's N
+        return sib
 
     # ------------------------------------------------------------------ run
     def run(self) -> T.Trace:
@@ -1582,6 +1591,7 @@ class _Runner:
                     k, _ = self.dr.role(recv, frame.func)
                     if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
                         acc = True
+                        self.acc_recv = recv
                         sites = self.trace.sites.setdefault("accumulate", [])
                         if all(x is not e for x in sites):
                             sites.append(e)
