@@ -949,6 +949,7 @@ class _Runner:
         self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
         self._last_mod = None
         self.site = None
+        self.xsite = None  # the call of this file that entered the sibling module's function being run
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -2266,6 +2267,8 @@ class _Runner:
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
+        if bstyle == "engine-like" and self._callee(call, frame) is not None:
+            bstyle = None  # ``self.mp_trainer.backward(loss)`` of a class the project defines: its body says what it does
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
@@ -2604,12 +2607,16 @@ class _Runner:
             self.site = call  # the loop body's call that led into the helpers
         self.depth += 1
         saved_x = self._xfn
+        saved_xsite = self.xsite
         if project.info_of(fn) is not None:
+            if self._xfn is None:
+                self.xsite = call  # the innermost call of this file on the way into the sibling module
             self._xfn = fn
             self._xfns.append(fn)
         try:
             self._block(_body(fn.body), new)
         finally:
+            self.xsite = saved_xsite
             self.loop_names = saved_names
             self.depth -= 1
             self._stmt_node = saved_stmt
@@ -2733,7 +2740,7 @@ class _Runner:
                 if n is not None:
                     fn = next((g for g in reversed(self._xfns) if id(n) in self.dr.inside(g)), None)
                     if fn is not None:
-                        self.dr.foreign(n, self.site, fn)
+                        self.dr.foreign(n, self.xsite or self.site, fn)
         self.trace.events.append(ev)
 
 
