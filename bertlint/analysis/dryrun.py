@@ -2345,6 +2345,11 @@ class _Runner:
             eff, why = self._prepared_effect(recv)
             self.emit("sched_step", call, target=recv or "", effective=eff, why=why, confident=conf)
             return UNK
+        if attr == "set_gradient_accumulation_boundary" and rkind == "engine":
+            # the script decides the engine's boundary itself (DeepSpeed engine.set_gradient_accumulation_boundary):
+            # stepping only on the boundaries it sets is then its contract, not a gate on the engine's own count
+            self.emit("boundary_set", call, opt=recv or "", confident=conf)
+            return UNK
         if attr == "step" and rkind == "engine":
             self.engine_micro += 1
             gas = self.n if self.n else None
