@@ -565,6 +565,10 @@ def _probe_factor(dr: FileDryRun, loop, window):
         sib = _sibling_acc(dr)  # an Accelerator built by a factory of a sibling module
         if sib is not None and sib[1] != "1":
             return AccumFactor(sib[1], sib[0], "accelerator", None)
+        if sib is None and probe.acc_used and probe.acc_recv:
+            # the loop accumulates through ``accumulate()`` of an Accelerator built outside the file (handed to a
+            # trainer class, a function's argument): its gradient_accumulation_steps is the factor, a symbol
+            return AccumFactor(f"{probe.acc_recv}.gradient_accumulation_steps", None, "accumulate", None)
     return None
 
 
@@ -935,6 +939,7 @@ class _Runner:
         self.engine_micro = 0
         self.sync_control = False
         self.acc_used = False
+        self.acc_recv: Optional[str] = None  # the Accelerator ``accumulate()`` was entered through, as written
         self.n_candidates: list = []
         self.n_nodes: dict = {}  # candidate text -> (its expression, "gate" | "division")
         # the run that looks for N: a period of known value (``% 4``, ``% args.accum`` resolved to 8) is not decided
@@ -944,11 +949,13 @@ class _Runner:
         self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
         self._last_mod = None
         self.site = None
+        self.xsite = None  # the call of this file that entered the sibling module's function being run
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
         self.shared: dict = {}  # self.* attributes
         self._loader = None
+        self._range_len: Optional[str] = None  # ``E`` of a micro-batch loop ``for i in range(E)``: its length
         self._outermost = None
         self._stmt_node = None
         self._cur_block: list = []
@@ -961,6 +968,7 @@ class _Runner:
         self.fwd_ns: dict = {}  # id(forward call) -> gradient sync was off when it ran
         self.ns_nodes: list = []  # the enclosing no_sync ``with`` statements
         self.inner_loops: list = []  # the loops inside the micro-batch being run (their bodies run once)
+        self._micro_inner = 0  # how many of them were open when the micro-batch loop was entered
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -986,7 +994,11 @@ class _Runner:
             return (self.n if self.n and self.n > 1 else None, ga.text)
         if f.accelerator_calls:
             return (1, "1")
-        return _sibling_accelerator_n(self)
+        sib = _sibling_accelerator_n(self)
+        if sib is None and self.n_text.endswith(".gradient_accumulation_steps") and \
+                self.dr.role(self.n_text.rsplit(".", 1)[0], getattr(self.loop, "func", None))[0] == "accelerator":
+            return (self.n, self.n_text)  # an Accelerator from outside the file: its setting is the run's N
+        return sib
 
     # ------------------------------------------------------------------ run
     def run(self) -> T.Trace:
@@ -1186,11 +1198,13 @@ class _Runner:
             count = len(values)
         if is_micro:
             self.in_micro += 1
+            saved_inner, self._micro_inner = self._micro_inner, len(self.inner_loops)
         try:
             return self._iterate(node, frame, chain, level, values, is_micro)
         finally:
             if is_micro:
                 self.in_micro -= 1
+                self._micro_inner = saved_inner
 
     def _iterate(self, node, frame, chain, level, values, is_micro) -> Optional[str]:
         for k, bind in enumerate(values):
@@ -1249,6 +1263,12 @@ class _Runner:
             else:
                 return [None] * count
             window = is_micro and node is not self.loop.node
+            if is_micro and not window and b is None and a == 0 and s == 1:
+                # ``for itr in range(E)``: the simulated loop is E iterations long, so ``itr + 1 == E`` is its
+                # last iteration (as ``len(loader)`` is the simulated length of a loader)
+                bound = [x.value for x in it.args if x.keyword is None][-1]
+                if isinstance(bound, (cst.Name, cst.Attribute)):
+                    self._range_len = self.dr.code(bound)
             if window and self.n and (b is None or s in (None, 0)):
                 count = self.n  # a window loop of unknown bounds runs N times (N: its own iteration count)
             if a is None:
@@ -1483,8 +1503,10 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
+        # (the probe's trace is not kept; a ``continue`` / ``break`` of a loop inside the micro-batch, one of an
+        # inlined helper's ``for k, v in kwargs.items()`` included, skips nothing of the micro-batch loop)
         exits = self.dr.loop_exits(stmt) if self.in_micro and not self.trace.undecided_skip and not self.probe \
-            else None  # (the probe's trace is not kept)
+            and len(self.inner_loops) == self._micro_inner else None
         if exits and not _training_stop(stmt, self.loop, exits):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
@@ -1575,6 +1597,7 @@ class _Runner:
                     k, _ = self.dr.role(recv, frame.func)
                     if k == "accelerator" or recv.split(".")[-1] in ("accelerator", "accel"):
                         acc = True
+                        self.acc_recv = recv
                         sites = self.trace.sites.setdefault("accumulate", [])
                         if all(x is not e for x in sites):
                             sites.append(e)
@@ -1765,6 +1788,10 @@ class _Runner:
             frame.locals[name] = v
 
     def load(self, name: str, frame):
+        if name == self._range_len:
+            got = self.shared.get(name) if name.startswith("self.") else frame.locals.get(name)
+            if got is None or got is UNK or isinstance(got, _Unk) or (isinstance(got, Num) and got.v is None):
+                return Num(self.length, text=name)  # the bound of the micro-batch loop's ``range(E)``: its length
         if name.startswith("self."):
             if name in self.shared:
                 return self.shared[name]
@@ -2245,6 +2272,8 @@ class _Runner:
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
+        if bstyle == "engine-like" and self._callee(call, frame) is not None:
+            bstyle = None  # ``self.mp_trainer.backward(loss)`` of a class the project defines: its body says what it does
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
@@ -2315,6 +2344,11 @@ class _Runner:
         if attr == "step" and rkind in ("scheduler", "ds_scheduler"):
             eff, why = self._prepared_effect(recv)
             self.emit("sched_step", call, target=recv or "", effective=eff, why=why, confident=conf)
+            return UNK
+        if attr == "set_gradient_accumulation_boundary" and rkind == "engine":
+            # the script decides the engine's boundary itself (DeepSpeed engine.set_gradient_accumulation_boundary):
+            # stepping only on the boundaries it sets is then its contract, not a gate on the engine's own count
+            self.emit("boundary_set", call, opt=recv or "", confident=conf)
             return UNK
         if attr == "step" and rkind == "engine":
             self.engine_micro += 1
@@ -2578,12 +2612,16 @@ class _Runner:
             self.site = call  # the loop body's call that led into the helpers
         self.depth += 1
         saved_x = self._xfn
+        saved_xsite = self.xsite
         if project.info_of(fn) is not None:
+            if self._xfn is None:
+                self.xsite = call  # the innermost call of this file on the way into the sibling module
             self._xfn = fn
             self._xfns.append(fn)
         try:
             self._block(_body(fn.body), new)
         finally:
+            self.xsite = saved_xsite
             self.loop_names = saved_names
             self.depth -= 1
             self._stmt_node = saved_stmt
@@ -2707,7 +2745,7 @@ class _Runner:
                 if n is not None:
                     fn = next((g for g in reversed(self._xfns) if id(n) in self.dr.inside(g)), None)
                     if fn is not None:
-                        self.dr.foreign(n, self.site, fn)
+                        self.dr.foreign(n, self.xsite or self.site, fn)
         self.trace.events.append(ev)
 
 

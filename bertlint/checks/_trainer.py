@@ -149,3 +149,124 @@ def checkpointing_sites(setup, tv, launch: bool = False):
         # Trainer.train() enables checkpointing again with the TrainingArguments kwargs: those win
         return trainer_sites[-1:]
     return out
+
+
+def collator_batch_keys(ctx, call: cst.Call) -> Optional[frozenset]:
+    """The keys of the batches the ``data_collator`` of the Trainer construction ``call`` returns, when the collator is
+    a class or function of this file whose every ``return`` hands back a dict built here with literal keys
+    (``return {"input_ids": ..., ...}``, ``batch = {...}; batch["x"] = ...; return batch``, ``dict(input_ids=...)``).
+    None whenever that is not known (no collator given: the default collators pass the dataset's columns through; a
+    collator of another package; a return the reading cannot follow)."""
+    from bertlint.analysis.symbols import dotted, kwarg, positional
+
+    expr = kwarg(call, "data_collator")
+    if expr is None and (dotted(call.func) or "").split(".")[-1] in ("Trainer", "Seq2SeqTrainer"):
+        expr = positional(call, 2)
+    if expr is None:
+        return None
+    fn = None
+    target = expr
+    if isinstance(expr, cst.Name):
+        assigns = ctx.symbols.assignments.get(expr.value, [])
+        if len(assigns) == 1 and isinstance(assigns[0].value, cst.Call):
+            target = assigns[0].value
+        elif not assigns:
+            defs = ctx.symbols.functions.get(expr.value, [])
+            fn = defs[0] if len(defs) == 1 else None
+            if fn is None:
+                return None
+    if fn is None:
+        if not isinstance(target, cst.Call) or not isinstance(target.func, cst.Name):
+            return None
+        cls = ctx.symbols.classes.get(target.func.value)
+        if cls is None:
+            return None
+        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+        calls = [s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == "__call__"]
+        if len(calls) != 1:
+            return None  # an inherited __call__ (DataCollatorWithPadding ...): not read here
+        fn = calls[0]
+    return _returned_dict_keys(fn)
+
+
+def _literal_dict_keys(value: cst.BaseExpression) -> Optional[set]:
+    if isinstance(value, cst.Dict):
+        keys = set()
+        for el in value.elements:
+            if not isinstance(el, cst.DictElement) or not isinstance(el.key, cst.SimpleString):
+                return None  # ``**other`` or a computed key
+            keys.add(el.key.evaluated_value)
+        return keys
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict":
+        keys = set()
+        for a in value.args:
+            if a.keyword is None:
+                return None
+            keys.add(a.keyword.value)
+        return keys
+    return None
+
+
+def _returned_dict_keys(fn: cst.FunctionDef) -> Optional[frozenset]:
+    """Every ``return`` of ``fn`` (nested functions excluded) gives a dict of literal keys: their union, plus the keys
+    written later with ``name["key"] = ...`` into a returned name; None otherwise."""
+    returns, assigns, subs, other_writes = [], {}, {}, set()
+
+    class V(cst.CSTVisitor):
+        depth = 0
+
+        def visit_FunctionDef(self, node):
+            self.depth += 1
+            return self.depth == 1
+
+        def leave_FunctionDef(self, node):
+            self.depth -= 1
+
+        def visit_Lambda(self, node):
+            return False
+
+        def visit_Return(self, node):
+            returns.append(node.value)
+
+        def visit_Assign(self, node):
+            for t in node.targets:
+                tg = t.target
+                if isinstance(tg, cst.Name):
+                    assigns.setdefault(tg.value, []).append(node.value)
+                elif isinstance(tg, cst.Subscript) and isinstance(tg.value, cst.Name):
+                    sl = tg.slice
+                    key = None
+                    if len(sl) == 1 and isinstance(sl[0].slice, cst.Index) and isinstance(sl[0].slice.value, cst.SimpleString):
+                        key = sl[0].slice.value.evaluated_value
+                    if key is None:
+                        other_writes.add(tg.value.value)
+                    else:
+                        subs.setdefault(tg.value.value, set()).add(key)
+
+        def visit_Call(self, node):
+            f = node.func
+            if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.attr.value in (
+                    "update", "setdefault", "__setitem__"):
+                other_writes.add(f.value.value)
+
+    fn.body.visit(V())
+    if not returns:
+        return None
+    keys: set = set()
+    for r in returns:
+        if r is None:
+            return None
+        if isinstance(r, cst.Name):
+            vals = assigns.get(r.value, [])
+            if len(vals) != 1 or r.value in other_writes:
+                return None
+            k = _literal_dict_keys(vals[0])
+            if k is None:
+                return None
+            keys |= k | subs.get(r.value, set())
+        else:
+            k = _literal_dict_keys(r)
+            if k is None:
+                return None
+            keys |= k
+    return frozenset(keys)

@@ -29,13 +29,13 @@ def check(ctx) -> None:
                    f"{_ga.fw(ctx, 'accelerate')} skips the prepared optimizer's `zero_grad()` off the sync step, but "
                    f"on the sync micro-batch it takes effect before that micro-batch's backward and erases the "
                    f"gradients the window accumulated{_ga.when(tr)}: {v.message}. Call `{e.text}` after "
-                   f"`optimizer.step()` (accelerate skips it off the sync step there too).")
+                   f"`optimizer.step()` (accelerate skips it off the sync step there too).{_acc_note(tr)}")
             fix = None
         elif e.meta.get("in_accumulate"):
             msg = (f"`{e.text}` inside `accelerator.accumulate()` clears the model's gradients on every micro-batch "
                    f"({_ga.fw(ctx, 'accelerate')} skips only the prepared optimizer's `zero_grad()` off the sync "
                    f"step){_ga.when(tr)}: {v.message}. Call `optimizer.zero_grad()` on the prepared optimizer "
-                   f"instead.")
+                   f"instead.{_acc_note(tr)}")
             fix = None
         else:
             msg = (f"`{e.text}` clears the gradients inside the accumulation window{_ga.when(tr)}: {v.message}. "
@@ -43,3 +43,13 @@ def check(ctx) -> None:
                    f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})")
             fix = _ga.tmove_under(ctx, e, step, f"Move `{e.text}` under the step gate, after the step")
         _ga.treport(ctx, run, tr, e.node, msg, fix=fix, severity=_ga.tsev(e))
+
+
+def _acc_note(tr) -> str:
+    """`` (dry run with N = 4 standing for `self.accelerator.gradient_accumulation_steps` ...)`` when the run's N is a
+    symbol: the Accelerator is built outside the file, and whenever its setting is above 1 the window is erased."""
+    note = _ga.trace_note(tr)
+    if not note:
+        return ""
+    return f" ({note[2:]}: the Accelerator is built outside this file; any value above 1 erases the window)" \
+        if tr.n_text.endswith(".gradient_accumulation_steps") else f" ({note[2:]})"

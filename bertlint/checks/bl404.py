@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from bertlint.checks._trainer import calls_super_compute_loss, param_names, reads_name
+from bertlint.checks._trainer import calls_super_compute_loss, collator_batch_keys, param_names, reads_name
 from bertlint.analysis.symbols import code_of
 from bertlint.analysis.versions import severity_for
 from bertlint.registry import rule
@@ -80,7 +80,9 @@ def _check_unscaled(ctx, fs, tv, cname, methods, fdef) -> None:
     BERT-family task head from 5.0 (REFERENCE §1.1-1.2, ``exp_trainer_compute_loss_override.out`` O2). An override
     that returns its own per-micro-batch loss and never reads ``num_items_in_batch`` then trains on the sum of N
     micro-batch losses. Keyed on what the override does and the target version; the model and N are read from the
-    constructions of the class in this file when there are some, else stated as the verdict's assumption."""
+    constructions of the class in this file when there are some, else stated as the verdict's assumption. A
+    construction whose ``data_collator`` is a collator of this file returning batches without a ``labels`` key is safe:
+    the Trainer then computes no ``num_items_in_batch`` and divides by N itself."""
     if not tv.at_least("4.48.0") or fs.disables_loss_kwargs:
         return
     if calls_super_compute_loss(fdef) or reads_name(fdef, "num_items_in_batch"):
@@ -109,6 +111,9 @@ def _check_unscaled(ctx, fs, tv, cname, methods, fdef) -> None:
         n = ti.args.int("gradient_accumulation_steps") if ti.args is not None else None
         if n is not None and n <= 1:
             continue  # no accumulation at this construction
+        keys = collator_batch_keys(ctx, ti.node)
+        if keys is not None and "labels" not in keys:
+            continue  # the collator's batches carry no `labels`: num_items_in_batch is None, the Trainer divides by N
         affected, what = _model_takes_loss_kwargs(ti.model, tv)
         if affected is False:
             continue
