@@ -492,26 +492,56 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
     for n, src in ns:
         pending = [{}]
         done = 0
+        known: dict = {}  # outcomes of configurations a run passed through on its way (_run_chain)
         while pending and done < 2 ** MAX_SPLITS:
             cfg = pending.pop(0)
-            r = _Runner(dr, loop, n, n_text, cfg, window)
-            try:
-                tr = r.run()
-            except _Split as s:
+            got = known.pop(frozenset(cfg.items()), None)
+            split, tr = got if got is not None else _run_chain(dr, loop, n, n_text, cfg, window, known)
+            if split is not None:
                 if len(cfg) >= MAX_SPLITS:
                     continue
-                pending.append({**cfg, s.key: True})
-                pending.append({**cfg, s.key: False})
+                pending.append({**cfg, split: True})
+                pending.append({**cfg, split: False})
                 continue
-            except (_Abort, RecursionError):
-                tr = r.trace
-                tr.complete = False
             tr.n_source = src
             if src == "N = 1":
                 tr.config = {**tr.config}
             traces.append(tr)
             done += 1
     return traces, acc
+
+
+def _run_chain(dr: FileDryRun, loop, n, n_text: str, cfg: dict, window, known: dict) -> tuple:
+    """The outcome of the run in configuration ``cfg``, as ``(split key, None)`` or ``(None, trace)``: what a run
+    started afresh in ``cfg`` gives. A configuration condition the run cannot decide (``_Runner._config``) ends such a
+    run with a split, and ``_run_loop`` then runs ``cfg`` + {key: True} and ``cfg`` + {key: False} from the start;
+    this run goes on instead as the first of those (no statement before that point read the condition: they ran as
+    they run there), so that one is not run again: the outcomes of the configurations it passed through, each the
+    one before with the next such key true, go to ``known``."""
+    r = _Runner(dr, loop, n, n_text, dict(cfg), window)
+    r.chain = []
+    split = tr = None
+    try:
+        tr = r.run()
+    except _Split as s:
+        split = s.key
+    except (_Abort, RecursionError):
+        tr = r.trace
+        tr.complete = False
+    if tr is not None and r.chain:
+        tr.config = dict(r.config)  # the configuration it ran in (a fresh run's trace copies it at the start)
+    c = dict(cfg)
+    first = None
+    for key in r.chain:
+        if first is None:
+            first = (key, None)
+        else:
+            known[frozenset(c.items())] = (key, None)
+        c[key] = True
+    if first is None:
+        return split, tr
+    known[frozenset(c.items())] = (split, tr)
+    return first
 
 
 def _probe_factor(dr: FileDryRun, loop, window):
@@ -915,6 +945,7 @@ class _Runner:
         self.n = n
         self.n_text = n_text
         self.config = config
+        self.chain: Optional[list] = None  # configuration keys this run went on past (_run_chain; None: it stops)
         # function parameters pinned to their default by the configuration (``enumerate(loader, start=start_step + 1)``
         # with ``start_step=0``: the run where the caller leaves it, e.g. one not resumed from a checkpoint)
         self.pinned = {m.group(1): int(m.group(2)) for m in (_PIN_RE.match(k) for k, v in config.items() if v) if m}
@@ -1960,6 +1991,10 @@ class _Runner:
             return self.config[key] == pol
         if len(self.config) >= MAX_SPLITS:
             return None
+        if self.chain is not None:  # the run goes on as the one where the condition holds (_run_chain)
+            self.chain.append(key)
+            self.config[key] = True
+            return self.config[key] == pol
         raise _Split(key)
 
     def _invariant_expr(self, expr) -> bool:
