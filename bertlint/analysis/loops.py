@@ -96,6 +96,9 @@ class AccumFactor:
     value: Optional[int]  # resolved integer, None when unknown
     source: str  # "gate" | "division" | "accelerator" | "plugin" | "deepspeed-plugin" | "trainer" | ...
     expr: Optional[cst.BaseExpression] = field(default=None, repr=False)
+    # recognised by its name alone (``loss / args.grad_accum`` with no step gate, setting or window using it): a hint
+    # that may word a message or lower a severity (``_ga.treport``), never what decides a finding's existence alone
+    by_name: bool = False
 
     @property
     def shown(self) -> str:
