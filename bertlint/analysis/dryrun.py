@@ -1713,6 +1713,7 @@ class _Runner:
                     return "break"
             elif tp is cst.Raise:
                 if self.certain:
+                    self.trace.raised = True
                     return "break" if frame.depth == 0 else "return"
         return None
 
