@@ -950,6 +950,7 @@ class _Runner:
         self._last_mod = None
         self.site = None
         self.xsite = None  # the call of this file that entered the sibling module's function being run
+        self._arg_texts: list = []  # per inlined call: parameter -> the caller's argument expression
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -2626,6 +2627,16 @@ class _Runner:
                 new.locals[nm] = lit if isinstance(lit, bool) else Num(lit) if isinstance(lit, int) else UNK
             elif nm not in new.locals and nm not in ("self", "cls"):
                 new.locals[nm] = UNK
+        # how the caller wrote each argument, for messages (``under `update_grad` = `(i + 1) % accum == 0```)
+        texts = {}
+        if call is not None:
+            pos_args = [a for a in call.args if a.keyword is None and not a.star]
+            for p, a in zip(params, pos_args):
+                texts[p.name.value] = a.value
+            for a in call.args:
+                if a.keyword is not None:
+                    texts[a.keyword.value] = a.value
+        self._arg_texts.append(texts)
         saved_names = self.loop_names
         self.loop_names = saved_names | self.dr.assigned_in(fn)
         saved_stmt = self._stmt_node
@@ -2642,6 +2653,7 @@ class _Runner:
         try:
             self._block(_body(fn.body), new)
         finally:
+            self._arg_texts.pop()
             self.xsite = saved_xsite
             self.loop_names = saved_names
             self.depth -= 1
@@ -2742,7 +2754,8 @@ class _Runner:
         cond_line, cond_text = 0, ""
         if self.conds:
             cond_line = self.conds[-1][0]
-            cond_text = self.dr.code(self.conds[-1][1])
+            test = self.conds[-1][1]
+            cond_text = self.dr.code(test)
         text = ""
         if isinstance(node, cst.Call):
             text = self.dr.code(node)
@@ -2757,6 +2770,9 @@ class _Runner:
         ev.meta["site"] = self.site if self.depth else None
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
+        # a helper's flag condition (``if update_grad:``): the argument its caller passed, for messages
+        ev.meta["cond_args"] = {id(c): a for c in ev.meta["conds"] if type(c) is cst.Name and self._arg_texts
+                                for a in [self._arg_texts[-1].get(c.value)] if a is not None and type(a) is not cst.Name}
         ev.meta["arms"] = tuple(self.arms)  # the undecided conditions and the side taken (trace.update_on_every_path)
         ev.meta["seq"] = self.store_seq
         ev.meta["in_accumulate"] = bool(self.in_acc)
