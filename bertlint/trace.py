@@ -28,6 +28,7 @@ Event kinds (:data:`KINDS`)::
     no_sync      entering a no_sync()/accumulate() non-sync region (info)
     counter      a hand counter changed (name in ``target``, value in ``value``)
     keep_loss    a loss kept with its graph across micro-batches (``total += loss``)
+    boundary_set the script sets a DeepSpeed engine's accumulation boundary itself (opt=the engine)
 
 A violation (:class:`Violation`) carries the rule code, the event it is reported at and the arithmetic quoted from
 the trace ("micro-batches 1–4: backward ×4, zero_grad() before each, step after the 4th → the update sees
@@ -41,7 +42,7 @@ from fractions import Fraction
 from typing import Any, Callable, Iterable, Optional
 
 KINDS = ("forward", "backward", "zero_grad", "unscale", "clip", "rescale", "step", "update", "sched_step",
-         "no_sync", "counter", "keep_loss")
+         "no_sync", "counter", "keep_loss", "boundary_set")
 
 # ------------------------------------------------------------------------------------------------ scales
 
@@ -242,6 +243,7 @@ class Trace:
     undecided_skip: bool = False  # a ``continue`` / ``break`` under a condition the run could not decide
     driver: str = ""  # how the run called a function some caller outside the file drives ("`step()` called ...")
     after_loop: bool = False  # the statements after the loop ran at each epoch's end (the loop's function is one epoch)
+    raised: bool = False  # the run reached a ``raise`` it could not avoid (this configuration stops the script)
 
     # ---------------------------------------------------------------- queries
     def of(self, *kinds: str) -> list:
@@ -477,12 +479,18 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
 
 
 def _epoch_start_clear(w: Window, z: Event, bws: list) -> bool:
-    """``z`` runs in a later epoch than every backward of the window before it, and before any backward of its own
-    epoch in the window."""
+    """``z`` separates epochs: every backward of the window before it ran in an earlier epoch than every backward
+    after it (a clear at the start of an epoch, before its first backward, or one after the epoch's loop that drops
+    an incomplete tail: ``if i % N != N - 1: optimizer.zero_grad()``), and it runs in neither epoch's middle."""
     pos = w.events.index(z)
     before = [b for b in bws if w.events.index(b) < pos]
-    return bool(before) and all(b.epoch < z.epoch for b in before) and not any(
-        b.epoch == z.epoch for b in before)
+    if not before:
+        return False
+    if all(b.epoch < z.epoch for b in before):
+        return True
+    after = [b for b in bws if w.events.index(b) > pos]
+    last = max(b.epoch for b in before)
+    return bool(after) and z.epoch == last and all(b.epoch > last for b in after)
 
 
 def _merge_adjacent(trace: Trace, vs: list) -> list:
@@ -795,25 +803,39 @@ def window_length(trace: Trace) -> list:
 
 
 def engine_owns_boundary(trace: Trace) -> list:
-    """BL115: with a DeepSpeed engine, ``engine.step()`` runs after every ``engine.backward()`` (the engine counts
-    micro-steps and updates at its own boundary) and nobody else zeroes its gradients."""
+    """BL115: with a DeepSpeed engine, ``engine.step()`` runs once per micro-batch that ran ``engine.backward()``
+    (the engine counts micro-steps in ``step()`` and updates at its own boundary; several backwards of one
+    micro-batch — a GAN critic's real and fake losses — are one micro-step) and nobody else zeroes the gradients
+    it is accumulating. A script that sets the boundary itself (``set_gradient_accumulation_boundary``) owns it."""
     out = []
     bws = [b for b in trace.of("backward") if b.via == "engine" and b.certain]
     steps = [s for s in trace.of("step") if s.via == "engine"]
-    if bws and steps and all(s.certain for s in steps) and len(steps) < len(bws):
+    own_boundary = bool(trace.of("boundary_set"))
+    mbs = sorted({b.mb for b in bws})
+    if bws and steps and not own_boundary and all(s.certain for s in steps) and len(steps) < len(mbs):
         s = steps[0]
-        k = len(bws) // max(1, len(steps))
-        msg = (f"micro-batches 1–{len(bws)}: `engine.backward()` ×{len(bws)}, `{s.name}` ×{len(steps)}"
+        k = len(mbs) // max(1, len(steps))
+        msg = (f"micro-batches 1–{len(mbs)}: `engine.backward()` on each, `{s.name}` ×{len(steps)}"
                + (f" (under `{s.cond_text}`)" if s.cond_text else "")
                + f" → the engine counts one micro-step per {k} micro-batches and updates once per "
                f"{k} × its own accumulation steps")
         out.append(Violation("BL115", s, msg, {"kind": "gated"}))
     if bws:
+        n_known = trace.n is not None and trace.n_source == "resolved"
         for z in trace.of("zero_grad"):
-            if z.certain and (z.of == "engine" or z.via == "ds"):
-                msg = (f"micro-batch {z.mb + 1}: `{z.name}` by hand → it clears the gradients the engine is "
-                       f"accumulating (engine.step() zeroes them itself at the boundary)")
-                out.append(Violation("BL115", z, msg, {"kind": "zero"}))
+            if not (z.certain and (z.of == "engine" or z.via == "ds")):
+                continue
+            # with one micro-step per update (gradient_accumulation_steps = 1) every step is a boundary: a hand
+            # zero_grad before the micro-batch's backward or after its step clears nothing the engine still needs
+            i = trace.events.index(z)
+            between = any(e.kind == "backward" and e.via == "engine" and e.mb == z.mb for e in trace.events[:i]) and \
+                any(e.kind == "step" and e.via == "engine" and e.mb == z.mb for e in trace.events[i + 1:])
+            if trace.n == 1 and not between:
+                continue
+            msg = (f"micro-batch {z.mb + 1}: `{z.name}` by hand → it clears the gradients the engine is "
+                   f"accumulating (engine.step() zeroes them itself at the boundary)")
+            out.append(Violation("BL115", z, msg, {"kind": "zero", "n_unknown": not (n_known or between),
+                                                   "between": between}))
     return _first_unique(out)
 
 

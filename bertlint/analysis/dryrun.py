@@ -1082,6 +1082,8 @@ class _Runner:
         self.n_hint: set = set()  # candidates for N by their name alone (``_hint``)
         self._last_mod = None
         self.site = None
+        self.xsite = None  # the call of this file that entered the sibling module's function being run
+        self._arg_texts: list = []  # per inlined call: parameter -> the caller's argument expression
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -1100,6 +1102,7 @@ class _Runner:
         self.fwd_ns: dict = {}  # id(forward call) -> gradient sync was off when it ran
         self.ns_nodes: list = []  # the enclosing no_sync ``with`` statements
         self.inner_loops: list = []  # the loops inside the micro-batch being run (their bodies run once)
+        self._micro_inner = 0  # how many of them were open when the micro-batch loop was entered
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -1329,11 +1332,13 @@ class _Runner:
             count = len(values)
         if is_micro:
             self.in_micro += 1
+            saved_inner, self._micro_inner = self._micro_inner, len(self.inner_loops)
         try:
             return self._iterate(node, frame, chain, level, values, is_micro)
         finally:
             if is_micro:
                 self.in_micro -= 1
+                self._micro_inner = saved_inner
 
     def _iterate(self, node, frame, chain, level, values, is_micro) -> Optional[str]:
         for k, bind in enumerate(values):
@@ -1632,8 +1637,10 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
+        # (the probe's trace is not kept; a ``continue`` / ``break`` of a loop inside the micro-batch, one of an
+        # inlined helper's ``for k, v in kwargs.items()`` included, skips nothing of the micro-batch loop)
         exits = self.dr.loop_exits(stmt) if self.in_micro and not self.trace.undecided_skip and not self.probe \
-            else None  # (the probe's trace is not kept)
+            and len(self.inner_loops) == self._micro_inner else None
         if exits and not _training_stop(stmt, self.loop, exits):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
@@ -1849,6 +1856,7 @@ class _Runner:
                     return "break"
             elif tp is cst.Raise:
                 if self.certain:
+                    self.trace.raised = True
                     return "break" if frame.depth == 0 else "return"
         return None
 
@@ -2056,6 +2064,10 @@ class _Runner:
         if isinstance(v, Num):
             if v.v is not None:
                 return v.v != 0
+        if split and type(expr) is cst.BooleanOperation and self._fixed_operand(expr):
+            # ``args.max_grad_norm > 0 and not self.deepspeed`` after ``if self.deepspeed:`` fixed that operand: the
+            # operands are decided one by one, so the run does not also take the arm that contradicts it
+            return self._bool_split(expr, frame)
         if split and self._invariant_expr(expr) and not (self.probe and isinstance(v, _Unk) and v.mod is not None):
             # (a value computed from a period, ``update_grad`` handed ``(i + 1) % accum == 0``, is no configuration:
             # the probe reads the gate it makes)
@@ -2063,6 +2075,22 @@ class _Runner:
         if split_parts and type(expr) is cst.BooleanOperation:
             return self._bool_split(expr, frame)
         return None
+
+    def _fixed_operand(self, expr) -> bool:
+        """An operand of the ``and`` / ``or`` is a condition this run's configuration already fixed."""
+        memo = self.dr._cond_keys
+        stack = [expr]
+        while stack:
+            e = stack.pop()
+            if type(e) is cst.BooleanOperation:
+                stack += [e.left, e.right]
+                continue
+            got = memo.get(id(e))
+            if got is None:
+                got = memo[id(e)] = _cond_key(e)
+            if got[0] in self.config:
+                return True
+        return False
 
     def _bool_split(self, expr, frame) -> Optional[bool]:
         """``isinstance(model, FSDP) and ii != N - 1``: an operand that does not change inside the loop selects a
@@ -2408,6 +2436,8 @@ class _Runner:
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
         bstyle = _backward_style(f, call)
+        if bstyle == "engine-like" and self._callee(call, frame) is not None:
+            bstyle = None  # ``self.mp_trainer.backward(loss)`` of a class the project defines: its body says what it does
         if bstyle is not None:
             return self._backward(call, bstyle, recv, frame)
         rkind, conf = self.dr.role(recv, frame.func) if recv else (None, False)
@@ -2478,6 +2508,11 @@ class _Runner:
         if attr == "step" and rkind in ("scheduler", "ds_scheduler"):
             eff, why = self._prepared_effect(recv)
             self.emit("sched_step", call, target=recv or "", effective=eff, why=why, confident=conf)
+            return UNK
+        if attr == "set_gradient_accumulation_boundary" and rkind == "engine":
+            # the script decides the engine's boundary itself (DeepSpeed engine.set_gradient_accumulation_boundary):
+            # stepping only on the boundaries it sets is then its contract, not a gate on the engine's own count
+            self.emit("boundary_set", call, opt=recv or "", confident=conf)
             return UNK
         if attr == "step" and rkind == "engine":
             self.engine_micro += 1
@@ -2734,6 +2769,16 @@ class _Runner:
                 new.locals[nm] = lit if isinstance(lit, bool) else Num(lit) if isinstance(lit, int) else UNK
             elif nm not in new.locals and nm not in ("self", "cls"):
                 new.locals[nm] = UNK
+        # how the caller wrote each argument, for messages (``under `update_grad` = `(i + 1) % accum == 0```)
+        texts = {}
+        if call is not None:
+            pos_args = [a for a in call.args if a.keyword is None and not a.star]
+            for p, a in zip(params, pos_args):
+                texts[p.name.value] = a.value
+            for a in call.args:
+                if a.keyword is not None:
+                    texts[a.keyword.value] = a.value
+        self._arg_texts.append(texts)
         saved_names = self.loop_names
         self.loop_names = saved_names | self.dr.assigned_in(fn)
         saved_stmt = self._stmt_node
@@ -2741,12 +2786,17 @@ class _Runner:
             self.site = call  # the loop body's call that led into the helpers
         self.depth += 1
         saved_x = self._xfn
+        saved_xsite = self.xsite
         if project.info_of(fn) is not None:
+            if self._xfn is None:
+                self.xsite = call  # the innermost call of this file on the way into the sibling module
             self._xfn = fn
             self._xfns.append(fn)
         try:
             self._block(_body(fn.body), new)
         finally:
+            self._arg_texts.pop()
+            self.xsite = saved_xsite
             self.loop_names = saved_names
             self.depth -= 1
             self._stmt_node = saved_stmt
@@ -2846,7 +2896,8 @@ class _Runner:
         cond_line, cond_text = 0, ""
         if self.conds:
             cond_line = self.conds[-1][0]
-            cond_text = self.dr.code(self.conds[-1][1])
+            test = self.conds[-1][1]
+            cond_text = self.dr.code(test)
         text = ""
         if isinstance(node, cst.Call):
             text = self.dr.code(node)
@@ -2861,6 +2912,9 @@ class _Runner:
         ev.meta["site"] = self.site if self.depth else None
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
+        # a helper's flag condition (``if update_grad:``): the argument its caller passed, for messages
+        ev.meta["cond_args"] = {id(c): a for c in ev.meta["conds"] if type(c) is cst.Name and self._arg_texts
+                                for a in [self._arg_texts[-1].get(c.value)] if a is not None and type(a) is not cst.Name}
         ev.meta["arms"] = tuple(self.arms)  # the undecided conditions and the side taken (trace.update_on_every_path)
         ev.meta["seq"] = self.store_seq
         ev.meta["in_accumulate"] = bool(self.in_acc)
@@ -2870,7 +2924,7 @@ class _Runner:
                 if n is not None:
                     fn = next((g for g in reversed(self._xfns) if id(n) in self.dr.inside(g)), None)
                     if fn is not None:
-                        self.dr.foreign(n, self.site, fn)
+                        self.dr.foreign(n, self.xsite or self.site, fn)
         self.trace.events.append(ev)
 
 

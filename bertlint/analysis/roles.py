@@ -238,6 +238,11 @@ _MODEL_PRIORITY = ("deepspeed_engine", "ddp_model", "lightning_module", "model")
 _MODEL_LIKE = set(_MODEL_PRIORITY)
 
 
+# what is done with a model (and so with a DeepSpeed engine, which is one) and never with an optimizer wrapper
+_ENGINE_AS_MODEL = frozenset({"train", "eval", "parameters", "named_parameters", "forward", "module",
+                              "save_checkpoint", "load_checkpoint"})
+
+
 def decide(evidence: list) -> Optional[Role]:
     """The role the evidence supports: the strongest kind wins; a name never vetoes usage or a constructor."""
     ev = [e for e in evidence if e is not None]
@@ -853,6 +858,12 @@ class Roles:
                     methods.setdefault(key, {}).setdefault(attr, []).append(call)
             self._handed_to(call, name, func)
         stmt_ids = {id(c) for c, _ in t.stmt_calls}
+        ds_here = any(q == "deepspeed" or q.startswith("deepspeed.") for q in t.imports.values())
+        called = set()
+        for call, name, func in t.calls:
+            d = dotted(call.func)
+            if d:
+                called.add((self._sid_for(d, func), d))
         for key, ms in methods.items():
             path = key[1]
             if path == "self" or (key[0] == 0 and path.split(".")[0] in t.imports):
@@ -887,7 +898,11 @@ class Roles:
                 steps_noarg = [c for c in ms["step"] if len(c.args) <= 1]
                 if steps_noarg:
                     self._ev(key, "usage", "optimizer", f"`{path}.step()` and `{path}.zero_grad()`", steps_noarg[0])
-            if "backward" in ms and "step" in ms and not ({"prepare", "accumulate"} & set(ms)):
+            if "backward" in ms and "step" in ms and not ({"prepare", "accumulate"} & set(ms)) and \
+                    (ds_here or key in called or _ENGINE_AS_MODEL & set(ms)):
+                # ``x.backward(loss)`` and ``x.step()`` is also the shape of other libraries' optimizer wrappers
+                # (fairseq's FP16Optimizer, OpenNMT's Optimizer, a project's training backend), which are never the
+                # model: an engine where the module uses DeepSpeed, or where the object is also run as the model
                 bwc = [c for c in ms["backward"] if c.args]
                 if bwc and not ({"setup", "setup_dataloaders", "clip_gradients"} & set(ms)):
                     self._ev(key, "usage", "deepspeed_engine", f"`{path}.backward(loss)` and `{path}.step()`", bwc[0])

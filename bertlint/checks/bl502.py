@@ -191,9 +191,11 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
         ev = flow.eval_mode_before(fwd, {recv})
         if ev is None or flow.loop_of(ev) is not None:
             continue
-        if any(isinstance(r, cst.Return) and r.value is not None for r in flow.returns.get(scope, [])) and \
-                _caller_backwards(flow, scope):
-            return  # handed to a caller that differentiates it
+        if any(isinstance(r, cst.Return) and r.value is not None for r in flow.returns.get(scope, [])):
+            if _caller_backwards(flow, scope):
+                return  # handed to a caller that differentiates it
+            if flow.call_sites(scope) == []:
+                return  # returned to callers in other modules: whether they run it under no_grad is not known here
         fwd_text = ctx.module.code_for_node(fwd.func)
         model = flow.forward_receiver_of(fwd) or fwd_text.removesuffix(".forward")
         ctx.report(
