@@ -48,7 +48,7 @@ import libcst as cst
 
 from bertlint import trace as T
 from bertlint.analysis import project
-from bertlint.analysis.loops import ACCUM_RE
+from bertlint.analysis.loops import ACCUM_RE, CLIP_QUALNAMES
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
 
@@ -2316,8 +2316,7 @@ class _Runner:
         if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
                 isinstance(argv[0], ListVal):
             return self._joined(argv[0])  # ``torch.stack(losses).mean()``: the losses' common scale
-        if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
-                 "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
+        if q in CLIP_QUALNAMES or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
                 and (rkind == "accelerator" or recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad"))) or (
                 attr == "clip_gradients" and recv in ("self", "fabric")):
