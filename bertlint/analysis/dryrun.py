@@ -951,6 +951,7 @@ class _Runner:
         self.site = None
         self.xsite = None  # the call of this file that entered the sibling module's function being run
         self._arg_texts: list = []  # per inlined call: parameter -> the caller's argument expression
+        self._chain: list = []  # the inlined calls that led from the loop body to the statement being run
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -2616,6 +2617,7 @@ class _Runner:
                 if a.keyword is not None:
                     texts[a.keyword.value] = a.value
         self._arg_texts.append(texts)
+        self._chain.append(call)
         saved_names = self.loop_names
         self.loop_names = saved_names | self.dr.assigned_in(fn)
         saved_stmt = self._stmt_node
@@ -2633,6 +2635,7 @@ class _Runner:
             self._block(_body(fn.body), new)
         finally:
             self._arg_texts.pop()
+            self._chain.pop()
             self.xsite = saved_xsite
             self.loop_names = saved_names
             self.depth -= 1
@@ -2747,6 +2750,7 @@ class _Runner:
         ev.meta["block"] = self._cur_block
         ev.meta["depth"] = self.depth
         ev.meta["site"] = self.site if self.depth else None
+        ev.meta["chain"] = tuple(self._chain)
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
         # a helper's flag condition (``if update_grad:``): the argument its caller passed, for messages
