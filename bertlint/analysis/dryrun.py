@@ -1922,11 +1922,31 @@ class _Runner:
         if isinstance(v, Num):
             if v.v is not None:
                 return v.v != 0
+        if split and type(expr) is cst.BooleanOperation and self._fixed_operand(expr):
+            # ``args.max_grad_norm > 0 and not self.deepspeed`` after ``if self.deepspeed:`` fixed that operand: the
+            # operands are decided one by one, so the run does not also take the arm that contradicts it
+            return self._bool_split(expr, frame)
         if split and self._invariant_expr(expr):
             return self._config(expr, frame)
         if split_parts and type(expr) is cst.BooleanOperation:
             return self._bool_split(expr, frame)
         return None
+
+    def _fixed_operand(self, expr) -> bool:
+        """An operand of the ``and`` / ``or`` is a condition this run's configuration already fixed."""
+        memo = self.dr._cond_keys
+        stack = [expr]
+        while stack:
+            e = stack.pop()
+            if type(e) is cst.BooleanOperation:
+                stack += [e.left, e.right]
+                continue
+            got = memo.get(id(e))
+            if got is None:
+                got = memo[id(e)] = _cond_key(e)
+            if got[0] in self.config:
+                return True
+        return False
 
     def _bool_split(self, expr, frame) -> Optional[bool]:
         """``isinstance(model, FSDP) and ii != N - 1``: an operand that does not change inside the loop selects a
