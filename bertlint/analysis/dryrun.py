@@ -580,8 +580,9 @@ def _probe_factor(dr: FileDryRun, loop, window):
         if by_usage(probe):
             break
         if probe.n_candidates:
-            hinted = hinted or probe
-            break
+            hinted = hinted or probe  # by the name alone: the other configurations may show it by usage
+            if not pending:
+                break
     if probe is not None and not by_usage(probe) and hinted is not None:
         probe = hinted
     if probe is None:
