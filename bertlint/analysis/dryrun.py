@@ -48,7 +48,7 @@ import libcst as cst
 
 from bertlint import trace as T
 from bertlint.analysis import project
-from bertlint.analysis.loops import ACCUM_RE
+from bertlint.analysis.loops import ACCUM_RE, CLIP_QUALNAMES
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
 
@@ -951,6 +951,7 @@ class _Runner:
         self.site = None
         self.xsite = None  # the call of this file that entered the sibling module's function being run
         self._arg_texts: list = []  # per inlined call: parameter -> the caller's argument expression
+        self._chain: list = []  # the inlined calls that led from the loop body to the statement being run
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -2336,8 +2337,7 @@ class _Runner:
         if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
                 isinstance(argv[0], ListVal):
             return self._joined(argv[0])  # ``torch.stack(losses).mean()``: the losses' common scale
-        if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
-                 "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
+        if q in CLIP_QUALNAMES or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
                 and (rkind == "accelerator" or recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad"))) or (
                 attr == "clip_gradients" and recv in ("self", "fabric")):
@@ -2669,6 +2669,7 @@ class _Runner:
                 if a.keyword is not None:
                     texts[a.keyword.value] = a.value
         self._arg_texts.append(texts)
+        self._chain.append(call)
         saved_names = self.loop_names
         self.loop_names = saved_names | self.dr.assigned_in(fn)
         saved_stmt = self._stmt_node
@@ -2686,6 +2687,7 @@ class _Runner:
             self._block(_body(fn.body), new)
         finally:
             self._arg_texts.pop()
+            self._chain.pop()
             self.xsite = saved_xsite
             self.loop_names = saved_names
             self.depth -= 1
@@ -2800,6 +2802,7 @@ class _Runner:
         ev.meta["block"] = self._cur_block
         ev.meta["depth"] = self.depth
         ev.meta["site"] = self.site if self.depth else None
+        ev.meta["chain"] = tuple(self._chain)
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
         # a helper's flag condition (``if update_grad:``): the argument its caller passed, for messages
