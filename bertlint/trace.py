@@ -243,6 +243,7 @@ class Trace:
     undecided_skip: bool = False  # a ``continue`` / ``break`` under a condition the run could not decide
     driver: str = ""  # how the run called a function some caller outside the file drives ("`step()` called ...")
     after_loop: bool = False  # the statements after the loop ran at each epoch's end (the loop's function is one epoch)
+    raised: bool = False  # the run reached a ``raise`` it could not avoid (this configuration stops the script)
 
     # ---------------------------------------------------------------- queries
     def of(self, *kinds: str) -> list:

@@ -55,3 +55,29 @@ def test_when_clause_names_only_the_condition_the_violation_depends_on():
     assert d.start.row == 10
     assert "(when `args.eager` is set)" in d.message
     assert "args.clip" not in d.message and "is_main" not in d.message
+
+
+RAISING_ARM = """\
+import torch
+
+def train(args, model, optimizer, loader):
+    for step, batch in enumerate(loader):
+        if args.target == "eps":
+            weight = 1.0
+        elif args.target == "v":
+            weight = 0.5
+        else:
+            raise ValueError(args.target)
+        loss = model(batch).sum() * weight / args.accum
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_configuration_that_raises_is_not_named_in_when_clause():
+    # The third arm raises: that configuration stops the script, so it does not make the finding depend on
+    # `args.target`; the step runs on every micro-batch in both arms that train.
+    [d] = _bl101(RAISING_ARM)
+    assert d.start.row == 13
+    assert "(when" not in d.message and "args.target" not in d.message

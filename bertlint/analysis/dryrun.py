@@ -968,6 +968,7 @@ class _Runner:
         self.fwd_ns: dict = {}  # id(forward call) -> gradient sync was off when it ran
         self.ns_nodes: list = []  # the enclosing no_sync ``with`` statements
         self.inner_loops: list = []  # the loops inside the micro-batch being run (their bodies run once)
+        self._micro_inner = 0  # how many of them were open when the micro-batch loop was entered
         self.train_nodes = {id(lp.node) for lp in dr.f} | {id(lp.window_of) for lp in dr.f if lp.window_of is not None}
         self.scaler_on = _scaler_enabled(dr.f)
         self.cost = 0
@@ -1197,11 +1198,13 @@ class _Runner:
             count = len(values)
         if is_micro:
             self.in_micro += 1
+            saved_inner, self._micro_inner = self._micro_inner, len(self.inner_loops)
         try:
             return self._iterate(node, frame, chain, level, values, is_micro)
         finally:
             if is_micro:
                 self.in_micro -= 1
+                self._micro_inner = saved_inner
 
     def _iterate(self, node, frame, chain, level, values, is_micro) -> Optional[str]:
         for k, bind in enumerate(values):
@@ -1500,8 +1503,10 @@ class _Runner:
         # undecidable and varying: both arms, uncertain; their terminators are assumed not taken. Each arm starts
         # from the state before the ``if``; afterwards a value the arms leave different is unknown (the same loss
         # scale, the same number on both paths is kept: ``if last: out = f() else: with no_sync(): out = f()``)
+        # (the probe's trace is not kept; a ``continue`` / ``break`` of a loop inside the micro-batch, one of an
+        # inlined helper's ``for k, v in kwargs.items()`` included, skips nothing of the micro-batch loop)
         exits = self.dr.loop_exits(stmt) if self.in_micro and not self.trace.undecided_skip and not self.probe \
-            else None  # (the probe's trace is not kept)
+            and len(self.inner_loops) == self._micro_inner else None
         if exits and not _training_stop(stmt, self.loop, exits):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
@@ -1707,6 +1712,7 @@ class _Runner:
                     return "break"
             elif tp is cst.Raise:
                 if self.certain:
+                    self.trace.raised = True
                     return "break" if frame.depth == 0 else "return"
         return None
 

@@ -141,7 +141,8 @@ def _with_needed_config(run, code: str, owners: Optional[tuple], v, tr):
     violation occurs is no part of "when". Greedy: a condition is dropped when every configuration (same N run)
     agreeing with ``tr`` on the remaining ones shows the violation; a configuration that did not split on a
     condition agrees with either value, and an incomplete run or one of another owner counts as not showing it
-    (both keep more conditions named, never fewer). The same violation in every configuration: nothing named."""
+    (both keep more conditions named, never fewer); a configuration whose run raises (``else: raise ValueError``)
+    is not one the script runs and does not count. The same violation in every configuration: nothing named."""
     import copy
 
     from bertlint import trace as T
@@ -155,6 +156,8 @@ def _with_needed_config(run, code: str, owners: Optional[tuple], v, tr):
     group = [(t, vs) for t, vs in cache[key] if t.n_source == tr.n_source]
     occurs = []
     for t, vs in group:
+        if t is not tr and not vs and t.raised:
+            continue  # a configuration that stops the script (its arm raises) says nothing of "when"
         hit = False
         for w in vs:
             if code in PER_LOOP:
