@@ -114,6 +114,15 @@ def reaching(tv, pred):
     return None
 
 
+def describe_reaching(tv, hit, elsewhere: str) -> str:
+    """``hit.describe()`` for a finding that holds on ``hit`` (from :func:`reaching`); when that is the disagreeing pin
+    rather than ``tv``, the text names both and says what happens on ``tv`` (``elsewhere``)."""
+    if hit is tv:
+        return tv.describe()
+    return (f"{hit.package} {hit.text} ({hit.source}; {tv.source.rpartition(' in ')[2]} pins {tv.text}, "
+            f"{elsewhere}: the project's pin files disagree)")
+
+
 def parse_version(text: str) -> Optional[tuple[int, ...]]:
     """``"4.46.0"`` -> (4, 46, 0); ``"5.0.0rc1"`` -> (5, 0, 0); ``"2.13.0+cpu"`` -> (2, 13, 0). None if unreadable."""
     m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(text))

@@ -14,7 +14,7 @@ import re
 
 from bertlint.checks._trainer import calls_super_compute_loss, collator_batch_keys, param_names, reads_name
 from bertlint.analysis.symbols import code_of
-from bertlint.analysis.versions import reaching, severity_for
+from bertlint.analysis.versions import describe_reaching, reaching, severity_for
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -54,11 +54,7 @@ def check(ctx) -> None:
         if "num_items_in_batch" not in names and not has_kwargs:
             hit = reaching(tv, lambda t: t.at_least("4.46.0"))
             if hit is not None:
-                if hit is tv:
-                    on = tv.describe()
-                else:  # only the other pin file's version passes the keyword
-                    on = (f"{hit.package} {hit.text} ({hit.source}; {tv.source.rpartition(' in ')[2]} pins {tv.text}, where the call has "
-                          f"no such keyword: the project's pin files disagree)")
+                on = describe_reaching(tv, hit, "where the call has no such keyword")
                 ctx.report(
                     fdef.name,
                     f"`{cname}.compute_loss` has no `num_items_in_batch` parameter, but on {on} the "
