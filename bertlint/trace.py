@@ -479,12 +479,18 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
 
 
 def _epoch_start_clear(w: Window, z: Event, bws: list) -> bool:
-    """``z`` runs in a later epoch than every backward of the window before it, and before any backward of its own
-    epoch in the window."""
+    """``z`` separates epochs: every backward of the window before it ran in an earlier epoch than every backward
+    after it (a clear at the start of an epoch, before its first backward, or one after the epoch's loop that drops
+    an incomplete tail: ``if i % N != N - 1: optimizer.zero_grad()``), and it runs in neither epoch's middle."""
     pos = w.events.index(z)
     before = [b for b in bws if w.events.index(b) < pos]
-    return bool(before) and all(b.epoch < z.epoch for b in before) and not any(
-        b.epoch == z.epoch for b in before)
+    if not before:
+        return False
+    if all(b.epoch < z.epoch for b in before):
+        return True
+    after = [b for b in bws if w.events.index(b) > pos]
+    last = max(b.epoch for b in before)
+    return bool(after) and z.epoch == last and all(b.epoch > last for b in after)
 
 
 def _merge_adjacent(trace: Trace, vs: list) -> list:

@@ -48,7 +48,7 @@ import libcst as cst
 
 from bertlint import trace as T
 from bertlint.analysis import project
-from bertlint.analysis.loops import ACCUM_RE
+from bertlint.analysis.loops import ACCUM_RE, CLIP_QUALNAMES
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
 
@@ -950,6 +950,8 @@ class _Runner:
         self._last_mod = None
         self.site = None
         self.xsite = None  # the call of this file that entered the sibling module's function being run
+        self._arg_texts: list = []  # per inlined call: parameter -> the caller's argument expression
+        self._chain: list = []  # the inlined calls that led from the loop body to the statement being run
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -1920,11 +1922,31 @@ class _Runner:
         if isinstance(v, Num):
             if v.v is not None:
                 return v.v != 0
+        if split and type(expr) is cst.BooleanOperation and self._fixed_operand(expr):
+            # ``args.max_grad_norm > 0 and not self.deepspeed`` after ``if self.deepspeed:`` fixed that operand: the
+            # operands are decided one by one, so the run does not also take the arm that contradicts it
+            return self._bool_split(expr, frame)
         if split and self._invariant_expr(expr):
             return self._config(expr, frame)
         if split_parts and type(expr) is cst.BooleanOperation:
             return self._bool_split(expr, frame)
         return None
+
+    def _fixed_operand(self, expr) -> bool:
+        """An operand of the ``and`` / ``or`` is a condition this run's configuration already fixed."""
+        memo = self.dr._cond_keys
+        stack = [expr]
+        while stack:
+            e = stack.pop()
+            if type(e) is cst.BooleanOperation:
+                stack += [e.left, e.right]
+                continue
+            got = memo.get(id(e))
+            if got is None:
+                got = memo[id(e)] = _cond_key(e)
+            if got[0] in self.config:
+                return True
+        return False
 
     def _bool_split(self, expr, frame) -> Optional[bool]:
         """``isinstance(model, FSDP) and ii != N - 1``: an operand that does not change inside the loop selects a
@@ -2315,8 +2337,7 @@ class _Runner:
         if q in ("torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean") and argv and \
                 isinstance(argv[0], ListVal):
             return self._joined(argv[0])  # ``torch.stack(losses).mean()``: the losses' common scale
-        if q in ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
-                 "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad_norm") or (
+        if q in CLIP_QUALNAMES or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
                 and (rkind == "accelerator" or recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad"))) or (
                 attr == "clip_gradients" and recv in ("self", "fabric")):
@@ -2555,7 +2576,39 @@ class _Runner:
                                  self.site if self.depth else None)
         if self.no_grad:
             return Tensor(T.Scale(), False, call, None)  # made under no_grad(): no graph
+        if self._sum_reduced(call):
+            # a summed loss (``reduction="sum"``): the micro-batches' gradients add up to the whole batch's without
+            # any 1/N, so the window's weight is not 1-per-mean: a factor of unknown value (no window rule rests
+            # on it)
+            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb)
         return Tensor(T.Scale(), True, call, self.mb)
+
+    def _sum_reduced(self, call) -> bool:
+        """``criterion(..., reduction="sum")``, or the call of a model whose class (defined in this file) returns
+        such a loss from ``forward``."""
+        if _reduction_sum(call):
+            return True
+        d = dotted(call.func)
+        if d is None:
+            return False
+        memo = self.dr.__dict__.setdefault("_sum_forward", {})
+        if d in memo:
+            return memo[d]
+        memo[d] = False
+        t = self.t
+        for a in t.assignments.get(d, []):
+            v = a.value
+            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                    v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
+                v = v.func.value  # GPT(...).cuda()
+            if isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in t.classes \
+                    and v.func.value not in t.imports:
+                cls = t.classes[v.func.value]
+                for st in cls.body.body:
+                    if isinstance(st, cst.FunctionDef) and st.name.value == "forward":
+                        memo[d] = _returns_sum_loss(st)
+                break
+        return memo[d]
 
     def _args(self, call, frame, argv):
         args, kws = [], {}
@@ -2606,6 +2659,17 @@ class _Runner:
                 new.locals[nm] = lit if isinstance(lit, bool) else Num(lit) if isinstance(lit, int) else UNK
             elif nm not in new.locals and nm not in ("self", "cls"):
                 new.locals[nm] = UNK
+        # how the caller wrote each argument, for messages (``under `update_grad` = `(i + 1) % accum == 0```)
+        texts = {}
+        if call is not None:
+            pos_args = [a for a in call.args if a.keyword is None and not a.star]
+            for p, a in zip(params, pos_args):
+                texts[p.name.value] = a.value
+            for a in call.args:
+                if a.keyword is not None:
+                    texts[a.keyword.value] = a.value
+        self._arg_texts.append(texts)
+        self._chain.append(call)
         saved_names = self.loop_names
         self.loop_names = saved_names | self.dr.assigned_in(fn)
         saved_stmt = self._stmt_node
@@ -2622,6 +2686,8 @@ class _Runner:
         try:
             self._block(_body(fn.body), new)
         finally:
+            self._arg_texts.pop()
+            self._chain.pop()
             self.xsite = saved_xsite
             self.loop_names = saved_names
             self.depth -= 1
@@ -2722,7 +2788,8 @@ class _Runner:
         cond_line, cond_text = 0, ""
         if self.conds:
             cond_line = self.conds[-1][0]
-            cond_text = self.dr.code(self.conds[-1][1])
+            test = self.conds[-1][1]
+            cond_text = self.dr.code(test)
         text = ""
         if isinstance(node, cst.Call):
             text = self.dr.code(node)
@@ -2735,8 +2802,12 @@ class _Runner:
         ev.meta["block"] = self._cur_block
         ev.meta["depth"] = self.depth
         ev.meta["site"] = self.site if self.depth else None
+        ev.meta["chain"] = tuple(self._chain)
         ev.meta["cond"] = self.conds[-1][1] if self.conds else None
         ev.meta["conds"] = [c for _, c in self.conds]
+        # a helper's flag condition (``if update_grad:``): the argument its caller passed, for messages
+        ev.meta["cond_args"] = {id(c): a for c in ev.meta["conds"] if type(c) is cst.Name and self._arg_texts
+                                for a in [self._arg_texts[-1].get(c.value)] if a is not None and type(a) is not cst.Name}
         ev.meta["arms"] = tuple(self.arms)  # the undecided conditions and the side taken (trace.update_on_every_path)
         ev.meta["seq"] = self.store_seq
         ev.meta["in_accumulate"] = bool(self.in_acc)
@@ -3156,6 +3227,42 @@ def _cmp(op, a, b) -> Optional[bool]:
     if op is cst.GreaterThanEqual:
         return x >= y
     return None
+
+
+def _reduction_sum(call) -> bool:
+    r = kwarg(call, "reduction")
+    return isinstance(r, cst.SimpleString) and r.evaluated_value == "sum"
+
+
+def _returns_sum_loss(fn) -> bool:
+    """A ``forward`` whose every ``return`` of a call is a ``reduction="sum"`` loss (``return F.cross_entropy(...,
+    reduction="sum")``, or a name assigned from one)."""
+    sums: set = set()
+    rets: list = []
+
+    class V(cst.CSTVisitor):
+        def visit_Assign(self, node):
+            if isinstance(node.value, cst.Call) and _reduction_sum(node.value):
+                for t in node.targets:
+                    if isinstance(t.target, cst.Name):
+                        sums.add(t.target.value)
+
+        def visit_Return(self, node):
+            rets.append(node.value)
+
+        def visit_FunctionDef(self, node):
+            return node is fn  # not into nested functions
+
+    fn.visit(V())
+    if not rets:
+        return False
+    for r in rets:
+        if isinstance(r, cst.Call) and _reduction_sum(r):
+            continue
+        if isinstance(r, cst.Name) and r.value in sums:
+            continue
+        return False
+    return True
 
 
 def _cond_key(expr) -> tuple[str, bool]:

@@ -777,6 +777,16 @@ class FileLoops:
         return res
 
 
+# library functions that clip the gradients in place (the norm / value over ``parameters``): torch's, and timm's
+# adaptive gradient clipping (AGC, relative to each parameter's norm) and clip dispatcher (timm/utils/agc.py,
+# timm/utils/clip_grad.py)
+CLIP_QUALNAMES = frozenset({
+    "torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_norm_",
+    "torch.nn.utils.clip_grad_norm", "timm.utils.agc.adaptive_clip_grad", "timm.utils.adaptive_clip_grad",
+    "timm.utils.clip_grad.dispatch_clip_grad", "timm.utils.dispatch_clip_grad",
+})
+
+
 def backward_style(call: cst.Call, f: FileLoops) -> Optional[str]:
     """How this call runs a backward, or None."""
     func = call.func
@@ -929,12 +939,7 @@ class _LoopWalker:
         bstyle = backward_style(call, f)
         if bstyle is not None:
             kind = "backward"
-        elif q in (
-            "torch.nn.utils.clip_grad_norm_",
-            "torch.nn.utils.clip_grad_value_",
-            "torch.nn.utils.clip_grad.clip_grad_norm_",
-            "torch.nn.utils.clip_grad_norm",
-        ) or (attr in ("clip_grad_norm_", "clip_grad_value_") and rkind == "accelerator") or (
+        elif q in CLIP_QUALNAMES or (attr in ("clip_grad_norm_", "clip_grad_value_") and rkind == "accelerator") or (
             attr in ("clip_gradients",) and recv in ("self", "fabric")
         ) or (name.endswith("clip_grad_norm_") and rkind != "engine" and not q.startswith("torch.nn.utils") and recv not in (None,) and rkind in (None, "accelerator") and recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad")):
             kind = "clip"
