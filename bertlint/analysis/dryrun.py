@@ -2580,8 +2580,10 @@ class _Runner:
             # a summed loss (``reduction="sum"``): the micro-batches' gradients add up to the whole batch's without
             # any 1/N, so the window's weight is not 1-per-mean: a factor of unknown value (no window rule rests
             # on it)
-            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb)
-        return Tensor(T.Scale(), True, call, self.mb)
+            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb if self.in_micro else None)
+        # made outside the micro-batch loop (``step_tokens = count_tokens(micro_batches)`` before it, once per
+        # window): no micro-batch's graph starts there
+        return Tensor(T.Scale(), True, call, self.mb if self.in_micro else None)
 
     def _sum_reduced(self, call) -> bool:
         """``criterion(..., reduction="sum")``, or the call of a model whose class (defined in this file) returns
