@@ -2589,7 +2589,39 @@ class _Runner:
                                  self.site if self.depth else None)
         if self.no_grad:
             return Tensor(T.Scale(), False, call, None)  # made under no_grad(): no graph
+        if self._sum_reduced(call):
+            # a summed loss (``reduction="sum"``): the micro-batches' gradients add up to the whole batch's without
+            # any 1/N, so the window's weight is not 1-per-mean: a factor of unknown value (no window rule rests
+            # on it)
+            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb)
         return Tensor(T.Scale(), True, call, self.mb)
+
+    def _sum_reduced(self, call) -> bool:
+        """``criterion(..., reduction="sum")``, or the call of a model whose class (defined in this file) returns
+        such a loss from ``forward``."""
+        if _reduction_sum(call):
+            return True
+        d = dotted(call.func)
+        if d is None:
+            return False
+        memo = self.dr.__dict__.setdefault("_sum_forward", {})
+        if d in memo:
+            return memo[d]
+        memo[d] = False
+        t = self.t
+        for a in t.assignments.get(d, []):
+            v = a.value
+            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                    v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
+                v = v.func.value  # GPT(...).cuda()
+            if isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in t.classes \
+                    and v.func.value not in t.imports:
+                cls = t.classes[v.func.value]
+                for st in cls.body.body:
+                    if isinstance(st, cst.FunctionDef) and st.name.value == "forward":
+                        memo[d] = _returns_sum_loss(st)
+                break
+        return memo[d]
 
     def _args(self, call, frame, argv):
         args, kws = [], {}
@@ -3209,6 +3241,42 @@ def _cmp(op, a, b) -> Optional[bool]:
     if op is cst.GreaterThanEqual:
         return x >= y
     return None
+
+
+def _reduction_sum(call) -> bool:
+    r = kwarg(call, "reduction")
+    return isinstance(r, cst.SimpleString) and r.evaluated_value == "sum"
+
+
+def _returns_sum_loss(fn) -> bool:
+    """A ``forward`` whose every ``return`` of a call is a ``reduction="sum"`` loss (``return F.cross_entropy(...,
+    reduction="sum")``, or a name assigned from one)."""
+    sums: set = set()
+    rets: list = []
+
+    class V(cst.CSTVisitor):
+        def visit_Assign(self, node):
+            if isinstance(node.value, cst.Call) and _reduction_sum(node.value):
+                for t in node.targets:
+                    if isinstance(t.target, cst.Name):
+                        sums.add(t.target.value)
+
+        def visit_Return(self, node):
+            rets.append(node.value)
+
+        def visit_FunctionDef(self, node):
+            return node is fn  # not into nested functions
+
+    fn.visit(V())
+    if not rets:
+        return False
+    for r in rets:
+        if isinstance(r, cst.Call) and _reduction_sum(r):
+            continue
+        if isinstance(r, cst.Name) and r.value in sums:
+            continue
+        return False
+    return True
 
 
 def _cond_key(expr) -> tuple[str, bool]:
