@@ -54,6 +54,7 @@ from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal
 from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
 
 REPRESENTATIVE_N = 4
+_FSDP_MODS = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
 PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
 MAX_SPLITS = 4
 BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
@@ -1087,6 +1088,7 @@ class _Runner:
         self.xsite = None  # the call of this file that entered the sibling module's function being run
         self._arg_texts: list = []  # per inlined call: parameter -> the caller's argument expression
         self._chain: list = []  # the inlined calls that led from the loop body to the statement being run
+        self._x_infos: list = []  # the sibling modules whose functions the run inlined
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -1185,7 +1187,17 @@ class _Runner:
                 self.trace.ddp_when = (f"when the model is a `DistributedDataParallel` (the file imports it, and "
                                        f"turns sync off only when `{gate}`)")
         self.trace.owner = self._owner()
+        self.trace.fsdp_possible = self._fsdp_possible()
         return self.trace
+
+    def _fsdp_possible(self) -> bool:
+        """The linted file, or a sibling module whose functions the run inlined, imports torch's FSDP API."""
+        if any(q.startswith(_FSDP_MODS) for q in self.t.imports.values()):
+            return True
+        for info in {id(i): i for i in self._x_infos}.values():
+            if any((mod or "").startswith(_FSDP_MODS) for mod, _lvl, _attr in info.imports.values()):
+                return True
+        return False
 
     def _reentry(self, loop) -> str:
         """No epoch loop around the training loop: ``call`` when its function may be called once per epoch with the
@@ -1310,6 +1322,7 @@ class _Runner:
             self.trace.ddp = True if (fact is not None or self.f.ddp_calls or self.f.ddp_wrapped) else None
             self.trace.ddp_when = fact[1] if fact is not None else ""  # the wrapping's condition, as in run()
             self.trace.owner = self._owner()
+        self.trace.fsdp_possible = self._fsdp_possible()
         return self.trace
 
     def tick(self, k: int = 1) -> None:
@@ -2724,8 +2737,10 @@ class _Runner:
             # a summed loss (``reduction="sum"``): the micro-batches' gradients add up to the whole batch's without
             # any 1/N, so the window's weight is not 1-per-mean: a factor of unknown value (no window rule rests
             # on it)
-            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb)
-        return Tensor(T.Scale(), True, call, self.mb)
+            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb if self.in_micro else None)
+        # made outside the micro-batch loop (``step_tokens = count_tokens(micro_batches)`` before it, once per
+        # window): no micro-batch's graph starts there
+        return Tensor(T.Scale(), True, call, self.mb if self.in_micro else None)
 
     def _sum_reduced(self, call) -> bool:
         """``criterion(..., reduction="sum")``, or the call of a model whose class (defined in this file) returns
@@ -2823,6 +2838,7 @@ class _Runner:
         saved_x = self._xfn
         saved_xsite = self.xsite
         if project.info_of(fn) is not None:
+            self._x_infos.append(project.info_of(fn))
             if self._xfn is None:
                 self.xsite = call  # the innermost call of this file on the way into the sibling module
             self._xfn = fn
