@@ -206,3 +206,18 @@ def test_removed_trainer_keyword_is_silent_on_a_source_commit_pin(tmp_path):
     pinned = [f.code for f in lint_path(str(root / "train.py"))]
     assert "BL407" in no_pin
     assert "BL407" not in pinned
+
+
+def test_pin_files_of_one_folder_that_disagree(tmp_path):
+    root = _repo(tmp_path)
+    (root / "requirements.txt").write_text("transformers==4.45.1\naccelerate==1.2.1\n")
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "x"\ndependencies = [\n  "transformers>=4.57.1",\n  "accelerate>=1.0",\n]\n')
+    vs = _resolve(root / "train.py", use_installed=False)
+    tv = vs.transformers
+    assert tv.text == "4.45.1" and tv.disagrees is not None and tv.disagrees.text == "5.24.0"
+    assert "the project's pin files disagree" in tv.describe()
+    assert V.reaching(tv, lambda t: t.at_least("4.46.0")) is tv.disagrees
+    assert V.reaching(tv, lambda t: t.at_least("6.0.0")) is None
+    assert getattr(V.severity_for("E", tv), "value", None) == "W"
+    assert vs.accelerate.disagrees is None  # 1.2.1 satisfies >=1.0: no disagreement

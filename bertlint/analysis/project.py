@@ -780,7 +780,7 @@ class Project:
             return None  # a method: its callers are not followed here
         sites = [(c, f) for c, nm, f in loops.c.calls if nm == func.name.value]
         if not sites:
-            return None
+            return self._duck_class(name, func)  # called from another file: the class its uses fit, if one
         found = []
         for c, caller in sites:
             arg = None
@@ -799,6 +799,82 @@ class Project:
                 return None
             found.append(ct)
         return found[0] if all(x.node is found[0].node for x in found) else None
+
+
+    def _duck_class(self, name: str, func) -> Optional[Target]:
+        """The one class of the sibling modules the file imports whose methods accept every use of parameter
+        ``name`` in ``func`` (``loss_scaler(loss, optimizer, parameters=..., update_grad=...)`` fits only
+        ``NativeScalerWithGradNormCount.__call__`` of ``util/misc.py``), when the function is called from another
+        file. The uses must name at least one keyword (positional calls alone fit too many classes); two fitting
+        classes, or a fitting class of the linted file itself, leave it unknown."""
+        from bertlint.analysis.walk import iter_nodes
+
+        uses = []
+        for n in iter_nodes(func.body):
+            if type(n) is not cst.Call:
+                continue
+            f = n.func
+            if type(f) is cst.Name and f.value == name:
+                uses.append(("__call__", n))
+            elif type(f) is cst.Attribute and type(f.value) is cst.Name and f.value.value == name:
+                uses.append((f.attr.value, n))
+        if not uses or not any(a.keyword is not None for _, c in uses for a in c.args):
+            return None
+        if any(a.star for _, c in uses for a in c.args):
+            return None
+        fits = []
+        for cls, info in self._imported_classes():
+            if all(_accepts(info.method(cls, m) if info is not None else None, c) for m, c in uses):
+                fits.append(Target("class", cls, info))
+        for node in self.module.body:  # a class of the linted file that fits as well: not decided
+            if isinstance(node, cst.ClassDef) and all(
+                    _accepts(next((b for b in _body(node.body) if isinstance(b, cst.FunctionDef)
+                                   and b.name.value == m), None), c) for m, c in uses):
+                return None
+        return fits[0] if len(fits) == 1 else None
+
+    def _imported_classes(self) -> list:
+        """(ClassDef, ModuleInfo) of every class defined at the top of a sibling module the linted file imports
+        (a module imported as a whole: every class of it; a class imported by name: that class)."""
+        got = self.__dict__.get("_imp_classes")
+        if got is not None:
+            return got
+        got = []
+        seen = set()
+        for nm in list(self.scope.imports):
+            t = self.resolve(nm)
+            if t is None:
+                continue
+            if t.kind == "class" and id(t.node) not in seen:
+                seen.add(id(t.node))
+                got.append((t.node, t.info))
+            elif t.kind == "module":
+                for cname, span in list(t.info.spans.items()):
+                    if span is not None and span[0] == "class":
+                        c = t.info.cls(cname)
+                        if c is not None and id(c) not in seen:
+                            seen.add(id(c))
+                            got.append((c, t.info))
+        self._imp_classes = got
+        return got
+
+
+def _accepts(fn, call: cst.Call) -> bool:
+    """Can method ``fn`` (a FunctionDef with ``self`` first) be called with ``call``'s arguments?"""
+    if fn is None:
+        return False
+    ps = fn.params
+    pos = list(ps.posonly_params) + list(ps.params)
+    if pos and pos[0].name.value in ("self", "cls"):
+        pos = pos[1:]
+    npos = sum(1 for a in call.args if a.keyword is None)
+    kws = [a.keyword.value for a in call.args if a.keyword is not None]
+    if npos > len(pos) and not isinstance(ps.star_arg, cst.Param):
+        return False
+    names = {p.name.value for p in pos[npos:]} | {p.name.value for p in ps.kwonly_params}
+    if ps.star_kwarg is None and any(k not in names for k in kws):
+        return False
+    return all(p.default is not None or p.name.value in kws for p in list(pos[npos:]) + list(ps.kwonly_params))
 
 
 def of(ctx) -> Project:

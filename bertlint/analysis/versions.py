@@ -93,11 +93,34 @@ ASSUMED = "assumed current release"
 def severity_for(severity, *tvs):
     """A version-dependent finding's severity: an error (``Severity.ERROR`` or "E") that rests on a fallback
     version (:attr:`TargetVersion.assumed`) becomes a warning; anything else is unchanged."""
-    if any(tv is not None and tv.assumed for tv in tvs) and str(getattr(severity, "value", severity)) == "E":
+    if any(tv is not None and (tv.assumed or tv.disagrees is not None) for tv in tvs) and \
+            str(getattr(severity, "value", severity)) == "E":
         from bertlint.types import Severity
 
         return Severity.WARNING
     return severity
+
+
+def reaching(tv, pred):
+    """The target version on which ``pred`` holds: ``tv`` itself, else the disagreeing pin of the same folder
+    (:attr:`TargetVersion.disagrees`) when ``pred`` holds there; None when on neither."""
+    if tv is None:
+        return None
+    if pred(tv):
+        return tv
+    other = tv.disagrees
+    if other is not None and pred(other):
+        return other
+    return None
+
+
+def describe_reaching(tv, hit, elsewhere: str) -> str:
+    """``hit.describe()`` for a finding that holds on ``hit`` (from :func:`reaching`); when that is the disagreeing pin
+    rather than ``tv``, the text names both and says what happens on ``tv`` (``elsewhere``)."""
+    if hit is tv:
+        return tv.describe()
+    return (f"{hit.package} {hit.text} ({hit.source}; {tv.source.rpartition(' in ')[2]} pins {tv.text}, "
+            f"{elsewhere}: the project's pin files disagree)")
 
 
 def parse_version(text: str) -> Optional[tuple[int, ...]]:
@@ -126,6 +149,11 @@ class TargetVersion:
     # fallback (installed / current); no comparison is decided on it: :meth:`at_least` and :meth:`below` are both
     # False, so a version-gated finding stays silent rather than resting on a version the project does not run.
     known: bool = True
+    # another pin file of the same folder whose specifier excludes ``version`` (``requirements.txt`` pins 4.45.1,
+    # ``pyproject.toml`` asks for >=4.57.1): the project does not say which of the two it runs. ``version`` stays the
+    # first file's; a finding that holds on only one of them names both (:func:`reaching`), and an error resting on
+    # such a version is a warning (:func:`severity_for`).
+    disagrees: Optional["TargetVersion"] = None
 
     @property
     def text(self) -> str:
@@ -160,6 +188,10 @@ class TargetVersion:
             what = "installed beside bertlint" if self.source == INSTALLED else "bertlint's current release"
             return (f"{self.package} {self.text} ({what}: no pin near the script and no `[tool.bertlint] "
                     f"target-versions`, so the version the script runs with is not known)")
+        if self.disagrees is not None:
+            o = self.disagrees
+            return (f"{self.package} {self.text} ({self.source}; but {o.source.rpartition(' in ')[2]} asks for "
+                    f"`{self.package}{o.spec or '==' + o.text}`, which excludes it: the project's pin files disagree)")
         return f"{self.package} {self.text} ({self.source})"
 
     @property
@@ -461,7 +493,11 @@ def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
 
     def merge(found: dict[str, TargetVersion]) -> None:
         for k, v in found.items():
-            out.setdefault(k, v)
+            first = out.get(k)
+            if first is None:
+                out[k] = v
+            elif first.disagrees is None and first.known and v.known and not _allows(v, first.version):
+                out[k] = _replace(first, disagrees=v)
 
     for n in names:
         p = os.path.join(directory, n)
@@ -476,6 +512,18 @@ def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
         if os.path.isfile(p):
             merge(_scan_environment(p, n))
     return out
+
+
+def _allows(tv: TargetVersion, version: tuple) -> bool:
+    """Does the pin ``tv`` (its specifier, or its exact version) admit ``version``?"""
+    clauses = _clauses(tv.spec) if tv.spec else [("==", tv.text)]
+    return not clauses or _matches(version, clauses)
+
+
+def _replace(tv: TargetVersion, **changes) -> TargetVersion:
+    import dataclasses
+
+    return dataclasses.replace(tv, **changes)
 
 
 def _is_pin_file(name: str) -> bool:

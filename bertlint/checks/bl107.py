@@ -31,6 +31,9 @@ def check(ctx) -> None:
         cond = next((c for c in reversed(conds) if tr.n_text in _ga.code_of(c)), step.meta.get("cond"))
         node = cond if cond is not None else step.node
         ctext = _ga.code_of(cond).strip() if cond is not None else ""
+        arg = step.meta.get("cond_args", {}).get(id(cond)) if cond is not None else None
+        if arg is not None:
+            ctext = f"{ctext}` = `{_ga.code_of(arg).strip()}"  # a helper's flag: what the caller passes
         when = f" when `{ctext}`" if ctext else ""
         note = f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})"
         kind = v.data.get("kind")

@@ -28,5 +28,19 @@ def check(ctx) -> None:
                    f"clipped more than the last), so the update is not the clipped full-batch gradient. Clip once, "
                    f"right before the step, inside the gate. ({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})")
             fix = _ga.tmove_before(ctx, e, anchor, "Clip once per window, right before the step")
-        site = e.meta.get("site")  # a clip inside a helper: reported where the loop calls it
-        _ga.treport(ctx, run, tr, site if site is not None else e.node, msg, fix=fix)
+        _ga.treport(ctx, run, tr, _anchor(e, tr), msg, fix=fix)
+
+
+def _anchor(e, tr):
+    """Where to report the clip ``e``: at the clip itself when it runs in the function that takes the step (or in
+    one that calls it: ``train_one_step`` clips, gates and steps); inside a helper of its own (``self._clip()``,
+    called per micro-batch beside the step), at the call of that helper in the step's function - the call to move."""
+    chain = e.meta.get("chain") or ()
+    step = next((s for s in tr.effective_steps() if s.mb >= e.mb), None)
+    schain = step.meta.get("chain") or () if step is not None else ()
+    k = 0
+    while k < len(chain) and k < len(schain) and chain[k] is schain[k]:
+        k += 1
+    if k == len(chain) or (step is None and not chain):
+        return e.node
+    return chain[k] if step is not None else chain[0]

@@ -14,7 +14,7 @@ import re
 
 from bertlint.checks._trainer import calls_super_compute_loss, collator_batch_keys, param_names, reads_name
 from bertlint.analysis.symbols import code_of
-from bertlint.analysis.versions import severity_for
+from bertlint.analysis.versions import describe_reaching, reaching, severity_for
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -52,16 +52,18 @@ def check(ctx) -> None:
             continue  # an own training_step decides how compute_loss is called
         names, has_kwargs = param_names(fdef)
         if "num_items_in_batch" not in names and not has_kwargs:
-            if tv.at_least("4.46.0"):
+            hit = reaching(tv, lambda t: t.at_least("4.46.0"))
+            if hit is not None:
+                on = describe_reaching(tv, hit, "where the call has no such keyword")
                 ctx.report(
                     fdef.name,
-                    f"`{cname}.compute_loss` has no `num_items_in_batch` parameter, but on {tv.describe()} the "
+                    f"`{cname}.compute_loss` has no `num_items_in_batch` parameter, but on {on} the "
                     f"Trainer calls `self.compute_loss(model, inputs, num_items_in_batch=...)`: training stops at "
                     f"the first step with `TypeError: compute_loss() got an unexpected keyword argument "
                     f"'num_items_in_batch'`. Fix: add `num_items_in_batch=None` to the signature (and use it to "
                     f"normalise a summed loss).",
                     fix=_insert_param_fix(ctx, fdef),
-                    severity=severity_for(Severity.ERROR, tv),
+                    severity=severity_for(Severity.ERROR, tv, hit),
                 )
             continue
         # (b) the override computes its own loss and never normalises by num_items_in_batch

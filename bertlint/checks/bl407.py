@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from bertlint.analysis.versions import severity_for
+from bertlint.analysis.versions import describe_reaching, reaching, severity_for
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -47,11 +47,11 @@ REMOVED: dict[str, tuple[str, str | None, str | None]] = {
 TRAINER_REMOVED = {"tokenizer": ("5.0.0", "`processing_class`", "processing_class")}
 
 
-def _message(kind: str, name: str, removed: str, repl, tv) -> str:
+def _message(kind: str, name: str, removed: str, repl, on: str) -> str:
     what = f"`{kind}({name}=...)`"
     fix = f"use {repl} instead" if repl else "remove it (no replacement)"
     return (
-        f"{what} was removed in transformers {removed}; on {tv.describe()} it raises "
+        f"{what} was removed in transformers {removed}; on {on} it raises "
         f"`TypeError: {kind}.__init__() got an unexpected keyword argument '{name}'`. Fix: {fix}."
     )
 
@@ -69,28 +69,35 @@ def check(ctx) -> None:
     fs = ctx.setup
     tv = ctx.versions.transformers
     sev = severity_for(Severity.ERROR, tv)
-    # the new name does not exist on the older releases a script without a pin may have been written for
-    fix_kind = Applicability.UNSAFE if tv.assumed else Applicability.SAFE
+    # the new name does not exist on the older releases a script without a pin (or with pins that disagree) may
+    # have been written for
+    fix_kind = Applicability.UNSAFE if tv.assumed or tv.disagrees is not None else Applicability.SAFE
+
+    def on_removed(removed: str):
+        hit = reaching(tv, lambda t: t.at_least(removed))
+        return None if hit is None else describe_reaching(tv, hit, "where it is still accepted")
+
     for ta in fs.training_args:
         for name, s in ta.explicit.items():
             if name not in REMOVED:
                 continue
             removed, repl, rename = REMOVED[name]
-            if not tv.at_least(removed):
+            on = on_removed(removed)
+            if on is None:
                 continue
             node = s.node
             if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == name:
                 fix = None
                 if rename:
                     fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)], fix_kind)
-                ctx.report(node, _message(ta.class_name, name, removed, repl, tv), fix=fix, severity=sev)
+                ctx.report(node, _message(ta.class_name, name, removed, repl, on), fix=fix, severity=sev)
             elif isinstance(node, cst.Arg) and node.star == "**":
-                ctx.report(node, _message(ta.class_name, name, removed, repl, tv).replace(
+                ctx.report(node, _message(ta.class_name, name, removed, repl, on).replace(
                     f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"), severity=sev)
             elif ta.source_file and node is not None:
                 ctx.report(
                     node,
-                    f"`{name}` in {ta.source_file} was removed in transformers {removed}; on {tv.describe()} "
+                    f"`{name}` in {ta.source_file} was removed in transformers {removed}; on {on} "
                     f"`HfArgumentParser` rejects the key. Fix: "
                     + (f"use {repl} instead." if repl else "remove it."),
                     severity=sev,
@@ -99,7 +106,8 @@ def check(ctx) -> None:
         for a in ti.node.args:
             if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
                 removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
-                if tv.at_least(removed):
+                on = on_removed(removed)
+                if on is not None:
                     fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
                                   fix_kind)
-                    ctx.report(a, _message("Trainer", a.keyword.value, removed, repl, tv), fix=fix, severity=sev)
+                    ctx.report(a, _message("Trainer", a.keyword.value, removed, repl, on), fix=fix, severity=sev)
