@@ -544,8 +544,8 @@ def _run_chain(dr: FileDryRun, loop, n, n_text: str, cfg: dict, window, known: d
     """The outcome of the run in configuration ``cfg``, as ``(split key, None)`` or ``(None, trace)``: what a run
     started afresh in ``cfg`` gives. A configuration condition the run cannot decide (``_Runner._config``) ends such a
     run with a split, and ``_run_loop`` then runs ``cfg`` + {key: True} and ``cfg`` + {key: False} from the start;
-    this run goes on instead as the first of those (no statement before that point read the condition: they ran as
-    they run there), so that one is not run again: the outcomes of the configurations it passed through, each the
+    this run goes on instead as the first of those (no statement before that point read the condition, nor asked
+    whether the configuration fixes it, ``_fixed_operand``: they ran as they run there), so that one is not run again: the outcomes of the configurations it passed through, each the
     one before with the next such key true, go to ``known``."""
     r = _Runner(dr, loop, n, n_text, dict(cfg), window)
     r.chain = []
@@ -1081,6 +1081,7 @@ class _Runner:
         self.n_text = n_text
         self.config = config
         self.chain: Optional[list] = None  # configuration keys this run went on past (_run_chain; None: it stops)
+        self.chain_absent: set = set()  # configuration keys this run found not fixed (it stops at those)
         # function parameters pinned to their default by the configuration (``enumerate(loader, start=start_step + 1)``
         # with ``start_step=0``: the run where the caller leaves it, e.g. one not resumed from a checkpoint)
         self.pinned = {m.group(1): int(m.group(2)) for m in (_PIN_RE.match(k) for k, v in config.items() if v) if m}
@@ -2137,6 +2138,8 @@ class _Runner:
                 got = memo[id(e)] = _cond_key(e)
             if got[0] in self.config:
                 return True
+            if self.chain is not None:
+                self.chain_absent.add(got[0])  # read as not fixed: this run may not go on past it (_config)
         return False
 
     def _bool_split(self, expr, frame) -> Optional[bool]:
@@ -2173,7 +2176,8 @@ class _Runner:
             return self.config[key] == pol
         if len(self.config) >= MAX_SPLITS:
             return None
-        if self.chain is not None:  # the run goes on as the one where the condition holds (_run_chain)
+        if self.chain is not None and key not in self.chain_absent:
+            # the run goes on as the one where the condition holds (_run_chain): nothing before read it as not fixed
             self.chain.append(key)
             self.config[key] = True
             return self.config[key] == pol
