@@ -624,7 +624,7 @@ class FileLoops:
             nonlocal has_div, has_mul
             if depth > 6:
                 return
-            if accumish(e):
+            if type(e) is not cst.BinaryOperation and accumish(e):
                 if pol > 0:
                     has_mul = True
                 else:
