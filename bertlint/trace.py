@@ -231,6 +231,8 @@ class Trace:
     epochs: int = 1
     complete: bool = True  # the producer understood every relevant statement
     ddp: Optional[bool] = None  # the model is wrapped in DistributedDataParallel (None: not known)
+    fsdp_possible: bool = False  # the file (or a sibling module the run entered) uses torch's FSDP: a module's
+    # no_sync() may be FSDP's, which decides at backward time (not at the forward, as DDP does)
     ddp_when: str = ""  # the condition of that wrapping ("when `args.distributed`"; "": unconditional)
     sync_control: bool = False  # the loop turns gradient sync off somewhere (no_sync, require_backward_grad_sync)
     line: int = 0  # the loop's line
@@ -993,25 +995,28 @@ def ddp_sync(trace: Trace) -> list:
     run with sync off, the last one's with sync on (DDP decides at forward time)."""
     out = []
     wins = trace.window_structure()
+    # where the forward ran matters only to DDP; FSDP's no_sync() is read by its post-backward hooks (torch
+    # distributed/fsdp/_runtime_utils.py): with an FSDP model possible and DDP not known, no verdict on it
+    by_forward = not (trace.fsdp_possible and not trace.ddp)
     for w in wins or []:
         bws = [b for b in w.backwards if b.certain]
         if not bws:
             continue
         last = bws[-1]
-        if last.fwd_no_sync is True:
+        if last.fwd_no_sync is True and (by_forward or last.in_no_sync):  # (both inside: no sync for FSDP either)
             how = "outside" if not last.in_no_sync else "inside"
             msg = (f"{w.mbs}: the last micro-batch's forward runs with gradient sync off (backward {how} "
                    f"`no_sync()`), then `{w.step.name}` → no all-reduce before the update: the replicas step with "
                    f"their local gradients and silently diverge")
             out.append(Violation("BL114", last, msg, {"severity": "E", "kind": "unsynced"}))
             return _first_unique(out)
-    for b in trace.of("backward"):
+    for b in trace.of("backward") if by_forward else []:
         if b.certain and b.in_no_sync and b.fwd_no_sync is False:
             msg = (f"micro-batch {b.mb + 1}: forward with sync on, backward inside `no_sync()` → DDP prepared the "
                    f"all-reduce at the forward, so the micro-batch still all-reduces (no saving)")
             out.append(Violation("BL114", b, msg, {"kind": "backward-only"}))
             return _first_unique(out)
-    for b in trace.of("backward"):
+    for b in trace.of("backward") if by_forward else []:
         # the backward sits under a gate the dry run could not decide (a step counter resumed from a checkpoint),
         # but its forward ran unconditionally with sync on: whichever micro-batches take that branch, the
         # `no_sync()` around the backward alone saves nothing

@@ -1282,3 +1282,36 @@ def test_framework_class_through_a_project_base(tmp_path):
     st = base.stat()
     os.utime(base, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert [(d.code, d.start.row) for d in lint_path(str(script)) if d.code == "BL502"] == [("BL502", 9)]
+
+
+def test_evalflow_derived_follows_long_chains_and_subscript_targets():
+    # BL501's "the accumulator reaches the returned loss" reads EvalFlow.derived: a chain longer than a few
+    # assignments (cat -> activation -> sort -> differences -> log -> mean) and a scatter into a matrix
+    # (``matrix[rows, cols] = logits``) both carry the accumulated logits to the returned loss.
+    import libcst as cst
+
+    from bertlint.context import FileContext
+
+    src = (
+        "import torch\n"
+        "def listwise(chunks, rows, cols):\n"
+        "    logits_list = []\n"
+        "    for c in chunks:\n"
+        "        logits_list.append(c)\n"
+        "    logits = torch.cat(logits_list)\n"
+        "    matrix = torch.full((4, 8), -1e4)\n"
+        "    matrix[rows, cols] = logits\n"
+        "    ranked, order = matrix.sort(descending=True)\n"
+        "    diffs = ranked[:, None] - ranked[None, :]\n"
+        "    probas = torch.sigmoid(diffs)\n"
+        "    losses = torch.log(probas)\n"
+        "    masked = losses[losses > -10]\n"
+        "    loss = -torch.mean(masked)\n"
+        "    return loss\n"
+    )
+    ctx = FileContext("t.py", src, cst.parse_module(src), None)
+    flow = ctx.evalflow
+    scope = next(f for f in flow.functions if f.name.value == "listwise")
+    got = flow.derived({"logits_list"}, scope)
+    assert {"logits", "matrix", "ranked", "diffs", "probas", "losses", "masked", "loss"} <= got
+    assert "rows" not in got and "chunks" not in got

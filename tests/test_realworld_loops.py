@@ -161,3 +161,58 @@ def test_bl113_sum_over_micro_batches_still_flagged():
     src = MULTITASK_SUM.replace("for task_id, batch in enumerate(batches):", "for micro, batch in enumerate(batches):")
     src = src.replace("task=task_id", "task=0")
     assert "BL113" in codes(src)
+
+
+# --- BL106: the schedule length divides the samples by a global batch that is *defined* as a product containing
+# N (train_batch_size = per_gpu * n_gpu * N, in both arms of an if/else): it counts optimizer steps.
+GLOBAL_BATCH_CHAIN = """
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+def train(args, model, features, loader):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    if args.n_gpu == 0:
+        per_node_batch = args.per_gpu_train_batch_size * args.gradient_accumulation_steps
+    else:
+        per_node_batch = args.per_gpu_train_batch_size * args.n_gpu * args.gradient_accumulation_steps
+    train_batch_size = per_node_batch * (torch.distributed.get_world_size() if args.local_rank != -1 else 1)
+    if args.num_training_steps == -1:
+        args.num_training_steps = int(args.num_train_epochs * len(features) / train_batch_size)
+    scheduler = get_linear_schedule_with_warmup(optimizer, args.warmup, num_training_steps=args.num_training_steps)
+    for epoch in range(int(args.num_train_epochs)):
+        for step, batch in enumerate(loader):
+            loss = model(**batch).loss / args.gradient_accumulation_steps
+            loss.backward()
+            if (step + 1) % args.gradient_accumulation_steps == 0:
+                optimizer.step()
+                scheduler.step()
+                model.zero_grad()
+"""
+
+
+def _units_of_schedule_length(src: str) -> str:
+    import libcst as cst
+
+    from bertlint.context import FileContext
+
+    src = textwrap.dedent(src)
+    ctx = FileContext("t.py", src, cst.parse_module(src), None)
+    f = ctx.loops
+    train = next(d for d in ctx.module.body if isinstance(d, cst.FunctionDef) and d.name.value == "train")
+    call = next(c for c, _n, _f in f.t.calls if (_n or "").endswith("get_linear_schedule_with_warmup"))
+    length = next(a.value for a in call.args if a.keyword is not None and a.keyword.value == "num_training_steps")
+    return f.units_of(length, train, "args.gradient_accumulation_steps")
+
+
+def test_bl106_length_divided_by_a_global_batch_defined_with_n_is_silent():
+    # the divisor's definition multiplies by N: the length is divided by N (optimizer steps)
+    assert _units_of_schedule_length(GLOBAL_BATCH_CHAIN) == "optimizer-steps"
+    assert "BL106" not in codes(GLOBAL_BATCH_CHAIN)
+
+
+def test_bl106_length_divided_by_the_per_gpu_batch_still_flagged():
+    # the same chain without N in the divisor's definition: the length counts micro-batches
+    src = GLOBAL_BATCH_CHAIN.replace(" * args.gradient_accumulation_steps\n    else", "\n    else").replace(
+        "args.n_gpu * args.gradient_accumulation_steps\n", "args.n_gpu\n")
+    assert _units_of_schedule_length(src) == "micro-batches"
+    assert "BL106" in codes(src)

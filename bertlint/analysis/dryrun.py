@@ -48,11 +48,13 @@ import libcst as cst
 
 from bertlint import trace as T
 from bertlint.analysis import project
-from bertlint.analysis.loops import ACCUM_RE, CLIP_QUALNAMES
+from bertlint.analysis.loops import ACCUM_RE as _ACCUM_HINT  # a name hint: never what alone makes a value N
+from bertlint.analysis.loops import CLIP_QUALNAMES
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
 
 REPRESENTATIVE_N = 4
+_FSDP_MODS = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
 PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
 MAX_SPLITS = 4
 BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
@@ -215,6 +217,28 @@ class LoopRun:
                 seen.add(key)
                 out.append((v, tr))
         return out
+
+    def by_usage(self, code: str, node) -> bool:
+        """Whether a finding of ``code`` at ``node`` stands without the accumulation factor: true when N was found by
+        usage; when it rests on a name alone (``factor.by_name``), whether a run with no N shows it too (only such a
+        finding keeps its severity: the name may lower one, never make or keep one)."""
+        acc = self.factor
+        if acc is None or not getattr(acc, "by_name", False) or self.dr is None:
+            return True
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            try:
+                plain = _traces(self.dr, self.loop, [(None, "none")], "", _callee_window(self.dr, self.loop))
+            except Exception:
+                plain = []
+            self._plain = plain
+        for tr in plain:
+            if not tr.complete:
+                continue
+            for v in T.check(tr, code):
+                if v.event.node is node or any(getattr(r, "node", None) is node for r in v.related):
+                    return True
+        return False
 
     @property
     def main(self) -> Optional[T.Trace]:
@@ -486,9 +510,14 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
         ns = [(REPRESENTATIVE_N, "representative"), (1, "N = 1")]
     else:
         ns = [(None, "none")]
-    traces = []
     if len(ns) > 1 and ns[1][1] == "N = 1" and not _compares(dr, loop, n_text):
         ns = ns[:1]  # nothing in the loop tests N itself: the N = 1 run would only repeat the plain arm
+    return _traces(dr, loop, ns, n_text, window), acc
+
+
+def _traces(dr: FileDryRun, loop, ns: list, n_text: str, window) -> list:
+    """One trace per (N, configuration)."""
+    traces = []
     for n, src in ns:
         pending = [{}]
         done = 0
@@ -511,7 +540,7 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
                 tr.config = {**tr.config}
             traces.append(tr)
             done += 1
-    return traces, acc
+    return traces
 
 
 def _probe_factor(dr: FileDryRun, loop, window):
@@ -521,10 +550,14 @@ def _probe_factor(dr: FileDryRun, loop, window):
     from bertlint.analysis.loops import AccumFactor
 
     f = dr.f
-    probe = None
+    probe = hinted = None
     pending: list = [{}]
     tries = 0
     accel = False  # some configuration backpropagates through the Accelerator
+
+    def by_usage(p) -> bool:
+        return bool(p.guard_periods) or any(t not in p.n_hint for _v, t in p.n_candidates)
+
     while pending and tries < 4 * MAX_SPLITS:
         cfg = pending.pop(0)
         tries += 1
@@ -532,31 +565,42 @@ def _probe_factor(dr: FileDryRun, loop, window):
         try:
             probe.run()
         except _Split as sp:
-            if not probe.n_candidates and len(cfg) < MAX_SPLITS:
+            if not by_usage(probe) and len(cfg) < MAX_SPLITS:
                 # look for N in one configuration, then run them all with it (a guard that ends the run in one
-                # configuration, ``if state["iter_num"] >= max_iters: break``, is tried the other way too)
+                # configuration, ``if state["iter_num"] >= max_iters: break``, is tried the other way too); a
+                # candidate by its name alone does not end the search for one by usage (the step gate may lie
+                # past the split)
                 pending.extend([{**cfg, sp.key: True}, {**cfg, sp.key: False}])
+                if probe.n_candidates and hinted is None:
+                    hinted = probe
                 continue
         except (_Abort, RecursionError):
             pass
         accel = accel or probe.acc_used or any(e.kind == "backward" and e.via == "accelerator"
                                                for e in probe.trace.events)
-        if probe.n_candidates or probe.guard_periods:
+        if by_usage(probe):
             break
+        if probe.n_candidates:
+            hinted = hinted or probe  # by the name alone: the other configurations may show it by usage
+            if not pending:
+                break
+    if probe is not None and not by_usage(probe) and hinted is not None:
+        probe = hinted
     if probe is None:
         return None
     probe.probe = False  # the run is over: no early stop while its guards are read
     for mod, start, mb, func in probe.guard_periods:
         probe._period_gate(mod, [e for e in probe.trace.events[start:] if e.mb == mb], _Frame(func, None, 0))
     if probe.n_candidates:
-        # a known value > 1 first, a step gate's period before a loss divisor
+        # found by usage before by the name alone, then a known value > 1 first, a step gate's period before a loss
+        # divisor
         cands = [(v, text) + probe.n_nodes.get(text, (None, "gate")) for v, text in probe.n_candidates]
-        cands.sort(key=lambda c: (not (c[0] is not None and c[0] > 1), c[3] != "gate"))
+        cands.sort(key=lambda c: (c[1] in probe.n_hint, not (c[0] is not None and c[0] > 1), c[3] != "gate"))
         v, text, node, source = cands[0]
         if v is None and node is not None:
             v = f.int_value(node, getattr(loop, "func", None))  # a value the symbol table resolves
             v = v if v is not None and v > 1 else None
-        return AccumFactor(text, v, source, node)
+        return AccumFactor(text, v, source, node, by_name=text in probe.n_hint and not _set_as_n(f, text))
     if not accel:
         return None
     if f.accelerator_ga is not None:
@@ -598,23 +642,38 @@ class ManualStep:
         self._dr = dr
 
     def accum(self):
-        """The modulus of the step gate (``(batch_idx + 1) % self.accumulate_grad_batches == 0``)."""
-        f = self._dr.f
-        later = []
+        """The modulus of the step gate (``(batch_idx + 1) % self.accumulate_grad_batches == 0``, whatever it is
+        called: the ``if`` it is tested in steps an optimizer), or for a ``"method"`` the bound its counter is
+        compared with there (``if self.n_accumulated >= self.accum_iters:``). A modulus / bound / loss divisor that
+        gates no step is N by its name alone (``by_name``: a hint, see ``AccumFactor``)."""
+        dr = self._dr
+        f = dr.f
+        gated = _step_gate_tests(dr, self.func, self.cls)
+        hinted = []
         for n in _walk(self.func.body):
+            m = None
             if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo:
                 m = n.right
-                if ACCUM_RE.search(self._dr.code(m)):
-                    return f.factor(m, "gate", self.func)
             elif self.kind == "method" and type(n) is cst.Comparison and len(n.comparisons) == 1 and \
                     type(n.comparisons[0].operator) in (cst.GreaterThanEqual, cst.Equal):
                 m = n.comparisons[0].comparator  # ``self.n_accumulated >= self.accum_iters``
-                if ACCUM_RE.search(self._dr.code(m)):
-                    later.append(m)
+                if _literal_int(m) is not None or not any(x in self.assigned for x in _names(n.left)):
+                    m = None  # a bound the counter (assigned here) reaches; not a constant
             elif self.kind == "method" and type(n) is cst.BinaryOperation and type(n.operator) is cst.Divide:
-                if ACCUM_RE.search(self._dr.code(n.right)):
-                    later.append(n.right)
-        return f.factor(later[0], "gate", self.func) if later else None
+                if _ACCUM_HINT.search(dr.code(n.right)):
+                    hinted.append(n.right)
+                continue
+            if m is None:
+                continue
+            if id(n) in gated and (_literal_int(m) is None or _literal_int(m) > 1):
+                return f.factor(m, "gate", self.func)
+            if _ACCUM_HINT.search(dr.code(m)):
+                hinted.append(m)
+        if not hinted:
+            return None
+        acc = f.factor(hinted[0], "gate", self.func)
+        acc.by_name = True
+        return acc
 
 
 def _manual_steps(dr) -> list:
@@ -667,14 +726,21 @@ def _index_param_fns(dr, taken: set) -> list:
         if id(fn) in taken or id(fn) in called or id(fn) in stepping or fn.name.value.startswith("__"):
             continue
         params = [p.name.value for p in list(fn.params.params) + list(fn.params.kwonly_params)]
-        idx = None
+        idx = hint = None
+        gated = None
         for n in _walk(fn.body):
-            if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo and \
-                    ACCUM_RE.search(dr.code(n.right)):
+            if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo:
                 names = [x.value for x in _walk(n.left) if type(x) is cst.Name and x.value in params]
-                if len(names) == 1:
+                if len(names) != 1:
+                    continue
+                if gated is None:
+                    gated = _step_gate_tests(dr, fn, f.class_of(fn))
+                if id(n) in gated and _literal_int(n.right) is None:  # the period of an ``if`` that steps
                     idx = names[0]
                     break
+                if hint is None and _ACCUM_HINT.search(dr.code(n.right)):
+                    hint = names[0]  # named like one, gating no step we see (``is_update = ...``): a hint
+        idx = idx or hint
         if idx is None or idx in ("self", "cls"):
             continue
         cls = f.class_of(fn)
@@ -857,6 +923,7 @@ def _counter_gate_factor(dr, loop):
     """The bound of a hand counter's step gate (``if accum_n_steps >= accum_grad_n_steps:`` with the counter advanced
     and reset in the loop): the accumulation factor, read where the counter is compared with it."""
     assigned = getattr(loop, "assigned", None) or set()
+    gated = hinted = None
     for n in _walk(loop.node):
         if type(n) is not cst.Comparison or len(n.comparisons) != 1:
             continue
@@ -865,9 +932,77 @@ def _counter_gate_factor(dr, loop):
             ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
         for cnt, bound in pairs:
             c, b = dotted(cnt), dotted(bound)
-            if c and b and c in assigned and b not in assigned and ACCUM_RE.search(b) and _reset_in(loop.node, c):
-                return dr.f.factor(bound, "gate", loop.func)
-    return None
+            if c and b and c in assigned and b not in assigned and _reset_in(loop.node, c):
+                if gated is None:
+                    gated = _step_gate_tests(dr, loop.node, getattr(loop, "cls", None), loop.func)
+                if id(n) in gated:
+                    return dr.f.factor(bound, "gate", loop.func)  # the bound of a counter gate that steps
+                if hinted is None and _ACCUM_HINT.search(b):
+                    hinted = dr.f.factor(bound, "gate", loop.func)
+                    hinted.by_name = True
+    return hinted
+
+
+def _set_as_n(f, text: str) -> bool:
+    """``text`` is what a framework is configured to accumulate over: ``Accelerator(gradient_accumulation_steps=X)``,
+    ``TrainingArguments(gradient_accumulation_steps=X)``, a DeepSpeed plugin / config dict's
+    ``"gradient_accumulation_steps": X`` (the keyword of the framework's API, not the name of a variable)."""
+    memo = f.__dict__.get("_ga_settings")
+    if memo is None:
+        memo = set()
+        if f.accelerator_ga is not None:
+            memo.add(f.accelerator_ga.text)
+        for call, _name, _fn in f.t.calls:
+            for a in call.args:
+                if a.keyword is not None and a.keyword.value in ("gradient_accumulation_steps",
+                                                                  "accumulate_grad_batches"):
+                    memo.add(code_of(a.value).strip())
+        for n in f.t.dict_ga_values if hasattr(f.t, "dict_ga_values") else ():
+            memo.add(code_of(n).strip())
+        f.__dict__["_ga_settings"] = memo
+    return text in memo
+
+
+def _literal_int(e) -> Optional[int]:
+    v = literal(e) if e is not None else None
+    return v if type(v) is int else None
+
+
+def _step_gate_tests(dr, root, cls, func=None) -> set:
+    """ids of the nodes inside the test of an ``if`` (in ``root``) whose body steps an optimizer, a scaler or an
+    engine (``.step(...)`` there, or in a same-file function it calls): what a step gate tests, whatever its names."""
+    memo = dr.__dict__.setdefault("_gate_tests", {})
+    key = id(root)
+    got = memo.get(key)
+    if got is not None:
+        return got
+    out: set = set()
+    tested: set = set()
+    fn = func if func is not None else (root if isinstance(root, cst.FunctionDef) else None)
+    for n in _walk(root.body if isinstance(root, cst.FunctionDef) else root):
+        if type(n) is not cst.If:
+            continue
+        steps = False
+        for m in _walk(n.body):
+            if type(m) is cst.Call:
+                if isinstance(m.func, cst.Attribute) and m.func.attr.value == "step":
+                    steps = True
+                    break
+                g = dr.f.callee(m, fn, cls)
+                if g is not None and _steps_somewhere(dr, g, dr.f.class_of(g) or cls):
+                    steps = True
+                    break
+        if steps:
+            out.update(id(x) for x in _all_nodes(n.test))
+            tested.update(x.value for x in _all_nodes(n.test) if type(x) is cst.Name)
+    if tested:
+        # ``apply_gradient = self.n_accumulated >= self.accum_iters`` then ``if apply_gradient: ...step``
+        for n in _walk(root.body if isinstance(root, cst.FunctionDef) else root):
+            if type(n) is cst.Assign and len(n.targets) == 1 and type(n.targets[0].target) is cst.Name and \
+                    n.targets[0].target.value in tested:
+                out.update(id(x) for x in _all_nodes(n.value))
+    memo[key] = out
+    return out
 
 
 def _reset_in(node, name: str) -> bool:
@@ -947,11 +1082,13 @@ class _Runner:
         self.probe = probe
         self.guard_periods: list = []  # (period, first event after the guard, micro-batch, function) of the probe
         self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
+        self.n_hint: set = set()  # candidates for N by their name alone (``_hint``)
         self._last_mod = None
         self.site = None
         self.xsite = None  # the call of this file that entered the sibling module's function being run
         self._arg_texts: list = []  # per inlined call: parameter -> the caller's argument expression
         self._chain: list = []  # the inlined calls that led from the loop body to the statement being run
+        self._x_infos: list = []  # the sibling modules whose functions the run inlined
         self.no_grad = 0
         self.alias_depth = 0
         self.store_logs: list = []
@@ -1050,7 +1187,17 @@ class _Runner:
                 self.trace.ddp_when = (f"when the model is a `DistributedDataParallel` (the file imports it, and "
                                        f"turns sync off only when `{gate}`)")
         self.trace.owner = self._owner()
+        self.trace.fsdp_possible = self._fsdp_possible()
         return self.trace
+
+    def _fsdp_possible(self) -> bool:
+        """The linted file, or a sibling module whose functions the run inlined, imports torch's FSDP API."""
+        if any(q.startswith(_FSDP_MODS) for q in self.t.imports.values()):
+            return True
+        for info in {id(i): i for i in self._x_infos}.values():
+            if any((mod or "").startswith(_FSDP_MODS) for mod, _lvl, _attr in info.imports.values()):
+                return True
+        return False
 
     def _reentry(self, loop) -> str:
         """No epoch loop around the training loop: ``call`` when its function may be called once per epoch with the
@@ -1175,6 +1322,7 @@ class _Runner:
             self.trace.ddp = True if (fact is not None or self.f.ddp_calls or self.f.ddp_wrapped) else None
             self.trace.ddp_when = fact[1] if fact is not None else ""  # the wrapping's condition, as in run()
             self.trace.owner = self._owner()
+        self.trace.fsdp_possible = self._fsdp_possible()
         return self.trace
 
     def tick(self, k: int = 1) -> None:
@@ -1558,6 +1706,15 @@ class _Runner:
                 self.guard_periods.append((mod, len(self.trace.events), self.mb, frame.func))
         return None
 
+    def _hint(self, v: Optional[int], text: str, node, source: str) -> None:
+        """A candidate for N by its name alone (``loss / args.grad_accum``): ranked after those found by usage, and
+        what rests on it is lowered a severity (``by_name``); a step gate of that period makes it N by usage."""
+        if any(t == text for _v, t in self.n_candidates):
+            return
+        self.n_candidates.append((v, text))
+        self.n_nodes.setdefault(text, (node, source))
+        self.n_hint.add(text)
+
     def _period_gate(self, mod, arm_events: list, frame, else_ev: Optional[int] = None) -> None:
         """Roles from usage: a condition ``x % M ...`` (M unknown, any name) that gates an optimizer step makes M
         the accumulation factor when the loss is also divided by M, or when it is the loop's only optimizer and no
@@ -1569,6 +1726,7 @@ class _Runner:
         text = self.dr.code(mod)
         if any(t == text for _v, t in self.n_candidates):
             self.n_nodes[text] = (mod, "gate")  # the loss divisor is also the step gate's period
+            self.n_hint.discard(text)  # N by usage now, whatever its name
             return
         divided = text in self.divisors
         if not divided:
@@ -1926,7 +2084,9 @@ class _Runner:
             # ``args.max_grad_norm > 0 and not self.deepspeed`` after ``if self.deepspeed:`` fixed that operand: the
             # operands are decided one by one, so the run does not also take the arm that contradicts it
             return self._bool_split(expr, frame)
-        if split and self._invariant_expr(expr):
+        if split and self._invariant_expr(expr) and not (self.probe and isinstance(v, _Unk) and v.mod is not None):
+            # (a value computed from a period, ``update_grad`` handed ``(i + 1) % accum == 0``, is no configuration:
+            # the probe reads the gate it makes)
             return self._config(expr, frame)
         if split_parts and type(expr) is cst.BooleanOperation:
             return self._bool_split(expr, frame)
@@ -2146,22 +2306,21 @@ class _Runner:
     def _binop(self, op, a, b, right_node, whole=None):
         if op is cst.Modulo and self.n is None and right_node is not None and isinstance(b, (Num, _Unk)):
             # a gate modulo an accumulation-named value (``(idx + 1) % self._gradient_accumulation_steps``)
+            # (a hint: N by usage is the period of a gate that steps, ``_period_gate``; by the name alone it ranks
+            # last, and what rests on it is lowered a severity)
             text = b.text or self.dr.code(right_node)
-            if ACCUM_RE.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
-                self.n_candidates.append((b.v if isinstance(b, Num) else None, self.dr.code(right_node)))
-                self.n_nodes.setdefault(self.dr.code(right_node), (right_node, "gate"))
+            if _ACCUM_HINT.search(text) and (not isinstance(b, Num) or b.v is None or b.v > 1):
+                self._hint(b.v if isinstance(b, Num) else None, self.dr.code(right_node), right_node, "gate")
             if self.probe and self.in_micro and isinstance(b, Num) and b.v is not None and b.v > 1 and \
                     isinstance(a, Num) and a.v is not None:
                 return _Unk(False, self.dr.code(right_node), mod=right_node)  # a period the probe does not decide
         if op is cst.Divide and self.n is None and right_node is not None and not (isinstance(a, Num) and a.v is not None):
             text = self.dr.code(right_node)
             self.divisors.add(text)  # a loss (or a value the run could not type) divided by it
-            if self.probe and not isinstance(a, Tensor) and isinstance(b, (Num, _Unk)) and ACCUM_RE.search(text) \
-                    and not (isinstance(b, Num) and b.v is not None and b.v <= 1) and \
-                    not any(t == text for _v, t in self.n_candidates):
+            if self.probe and not isinstance(a, Tensor) and isinstance(b, (Num, _Unk)) and _ACCUM_HINT.search(text) \
+                    and not (isinstance(b, Num) and b.v is not None and b.v <= 1):
                 # a value the run could not type (``logits, loss = model(x, y)``) divided by an accumulation-named one
-                self.n_candidates.append((b.v if isinstance(b, Num) else None, text))
-                self.n_nodes.setdefault(text, (right_node, "division"))
+                self._hint(b.v if isinstance(b, Num) else None, text, right_node, "division")
         r = self._binop2(op, a, b, right_node, whole)
         if isinstance(r, Tensor) and r is not a and r is not b and r.inner is None:
             r.inner = next((x.inner for x in (a, b) if isinstance(x, Tensor) and x.inner is not None), None)
@@ -2169,11 +2328,12 @@ class _Runner:
             spans = [x.since for x in (a, b) if isinstance(x, Tensor) and x.since is not None and x.graph]
             if spans:
                 r.since = min(spans) if r.since is None else min(min(spans), r.since)
-        elif (op is cst.Modulo and self.n is None and right_node is not None and isinstance(r, _Unk)
+        elif (op is cst.Modulo and self.n is None and right_node is not None
+              and (isinstance(r, _Unk) or (isinstance(r, Num) and r.v is None and isinstance(b, Num) and b.v is None))
               and not isinstance(a, Tensor) and not (isinstance(b, Num) and b.v is not None and b.v <= 1)):
-            # a period whose value is unknown: if it gates an optimizer step, it is the accumulation factor by
-            # usage, whatever its name (see _if)
-            return _Unk(r.inv, r.text, mod=right_node)
+            # a period whose value is unknown (an unknown integer too: ``accelerator.gradient_accumulation_steps``):
+            # if it gates an optimizer step, it is the accumulation factor by usage, whatever its name (see _if)
+            return _Unk(r.inv if isinstance(r, _Unk) else False, r.text, mod=right_node)
         return r
 
     def _binop2(self, op, a, b, right_node, whole=None):
@@ -2247,17 +2407,14 @@ class _Runner:
         text = self.dr.code(node) if node is not None else "?"
         # no accumulation factor known before the run: a divisor whose value comes from an accumulation-named
         # expression (through arguments and variables) is one; the loop is run again with it
-        if self.probe and power < 0 and not isinstance(v, (Num, _Unk)) and ACCUM_RE.search(text) and \
-                not any(t == text for _v, t in self.n_candidates):
-            self.n_candidates.append((None, text))  # divided by a value the run could not type (a call's result)
-            self.n_nodes.setdefault(text, (node, "division"))
+        if self.probe and power < 0 and not isinstance(v, (Num, _Unk)) and _ACCUM_HINT.search(text):
+            self._hint(None, text, node, "division")  # divided by a value the run could not type (a call's result)
         if self.n is None and power < 0 and isinstance(v, (Num, _Unk)):
             src = v.text or text
-            if self.probe and not ACCUM_RE.search(src) and ACCUM_RE.search(text):
+            if self.probe and not _ACCUM_HINT.search(src) and _ACCUM_HINT.search(text):
                 src = text  # ``loss / grad_accum_steps`` whose value is unknown through ``ddp_world_size``
-            if src and ACCUM_RE.search(src) and (not isinstance(v, Num) or v.v is None or v.v > 1):
-                self.n_candidates.append((v.v if isinstance(v, Num) else None, src))
-                self.n_nodes.setdefault(src, (node if src == text else None, "division"))
+            if src and _ACCUM_HINT.search(src) and (not isinstance(v, Num) or v.v is None or v.v > 1):
+                self._hint(v.v if isinstance(v, Num) else None, src, node if src == text else None, "division")
         if isinstance(v, Num) and v.v is not None:
             if (v.is_n or (self.n is not None and self.n > 1 and v.v == self.n)) and v.v > 1:
                 return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
@@ -2580,8 +2737,10 @@ class _Runner:
             # a summed loss (``reduction="sum"``): the micro-batches' gradients add up to the whole batch's without
             # any 1/N, so the window's weight is not 1-per-mean: a factor of unknown value (no window rule rests
             # on it)
-            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb)
-        return Tensor(T.Scale(), True, call, self.mb)
+            return Tensor(T.Scale((T.Factor(T.OTHER, "reduction='sum'"),)), True, call, self.mb if self.in_micro else None)
+        # made outside the micro-batch loop (``step_tokens = count_tokens(micro_batches)`` before it, once per
+        # window): no micro-batch's graph starts there
+        return Tensor(T.Scale(), True, call, self.mb if self.in_micro else None)
 
     def _sum_reduced(self, call) -> bool:
         """``criterion(..., reduction="sum")``, or the call of a model whose class (defined in this file) returns
@@ -2679,6 +2838,7 @@ class _Runner:
         saved_x = self._xfn
         saved_xsite = self.xsite
         if project.info_of(fn) is not None:
+            self._x_infos.append(project.info_of(fn))
             if self._xfn is None:
                 self.xsite = call  # the innermost call of this file on the way into the sibling module
             self._xfn = fn

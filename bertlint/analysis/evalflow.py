@@ -1151,15 +1151,25 @@ class EvalFlow:
         """``names`` plus every name assigned (in ``scope``, after ``after``) from an expression reading them."""
         out = set(names)
         assigns = [a for a in self.assigns.get(scope, []) if after is None or self.after(a, after)]
-        for _ in range(4):
+        for _ in range(len(assigns) + 1):  # to a fixed point: a chain of any length (loss from logits from a list)
             grew = False
             for a in assigns:
                 if isinstance(a, cst.Assign) and names_in(a.value) & out:
-                    for t in a.targets:
-                        for n in target_names(t.target):
-                            if n not in out:
-                                out.add(n)
-                                grew = True
+                    targets = [t.target for t in a.targets]
+                elif isinstance(a, (cst.AugAssign, cst.AnnAssign)) and a.value is not None and \
+                        names_in(a.value) & out:
+                    targets = [a.target]
+                else:
+                    continue
+                for t in targets:
+                    while isinstance(t, cst.Subscript):
+                        t = t.value  # ``matrix[idx] = logits`` makes ``matrix`` carry them
+                    for n in target_names(t) if not isinstance(t, cst.Attribute) else [dotted(t) or ""]:
+                        if not n:
+                            continue
+                        if n not in out:
+                            out.add(n)
+                            grew = True
             if not grew:
                 break
         return out

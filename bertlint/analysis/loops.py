@@ -96,6 +96,9 @@ class AccumFactor:
     value: Optional[int]  # resolved integer, None when unknown
     source: str  # "gate" | "division" | "accelerator" | "plugin" | "deepspeed-plugin" | "trainer" | ...
     expr: Optional[cst.BaseExpression] = field(default=None, repr=False)
+    # recognised by its name alone (``loss / args.grad_accum`` with no step gate, setting or window using it): a hint
+    # that may word a message or lower a severity (``_ga.treport``), never what decides a finding's existence alone
+    by_name: bool = False
 
     @property
     def shown(self) -> str:
@@ -612,16 +615,49 @@ class FileLoops:
             return bool(ACCUM_RE.search(d) or (accum_text and d == accum_text) or d in n_sources)
 
         has_div = has_mul = False
-        texts = []
-        for root in nodes:
-            texts.append(code_of(root))
-            for n in walk(root):
-                if type(n) is cst.BinaryOperation:
-                    op = type(n.operator)
-                    if op in (cst.Divide, cst.FloorDivide) and accumish(n.right):
-                        has_div = True
-                    elif op is cst.Multiply and (accumish(n.left) or accumish(n.right)):
-                        has_mul = True
+        texts = [code_of(root) for root in nodes]
+        # N's side along the definitions: a name met in a divisor carries its own definition's factors into the
+        # divisor (``steps = len(data) / train_batch_size`` with ``train_batch_size = per_gpu * N``: divided by N)
+        seen_pol: set = set()
+
+        def side(e, f, pol: int, depth: int) -> None:
+            nonlocal has_div, has_mul
+            if depth > 6:
+                return
+            if type(e) is not cst.BinaryOperation and accumish(e):
+                if pol > 0:
+                    has_mul = True
+                else:
+                    has_div = True
+                return
+            tp = type(e)
+            if tp is cst.BinaryOperation:
+                op = type(e.operator)
+                side(e.left, f, pol, depth)
+                side(e.right, f, -pol if op in (cst.Divide, cst.FloorDivide) else pol, depth)
+                return
+            if tp in (cst.Name, cst.Attribute):
+                name = dotted(e)
+                if name is None:
+                    return
+                if (name, pol) in seen_pol:
+                    return
+                seen_pol.add((name, pol))
+                assigns = self.t.assignments_of(name, f) or self.t.assignments.get(name, [])
+                for a in assigns[:4]:
+                    side(a.value, a.func, pol, depth + 1)
+                return
+            if tp is cst.Call:
+                for a in e.args:  # int(...), math.ceil(...), a helper's arguments: the same side
+                    side(a.value, f, pol, depth)
+                return
+            if tp is cst.UnaryOperation:
+                side(e.expression, f, pol, depth)
+            elif tp is cst.IfExp:
+                side(e.body, f, pol, depth)
+                side(e.orelse, f, pol, depth)
+
+        side(expr, func, 1, 0)
         if has_div and has_mul:
             return "unknown"  # divided and multiplied back somewhere along the way: do not guess
         if has_div:

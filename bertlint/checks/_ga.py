@@ -277,6 +277,22 @@ def treport(ctx, run, tr, node, message: str, **kw):
             data.setdefault("config", dict(tr.config))
     except Exception:
         pass
+    acc = getattr(run, "factor", None)
+    code = ctx.current.code if getattr(ctx, "current", None) is not None else ""
+    if acc is not None and getattr(acc, "by_name", False) and tr.n is not None and tr.n > 1 and code and \
+            not run.by_usage(code, node):
+        # N rests on a name alone (no step gate, window or framework setting uses it): a hint, one severity lower
+        from bertlint.types import Severity
+
+        # one step lower; unless something already lowered it below the rule's own (a receiver known by its name
+        # only, ``tsev``): names are one hint, not two
+        base = Severity(ctx.current.severity)
+        sev = Severity(kw.get("severity") or base)
+        rank = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+        if rank[sev] <= rank[base]:
+            kw["severity"] = {Severity.ERROR: Severity.WARNING, Severity.WARNING: Severity.INFO}.get(sev, sev)
+        message = message.rstrip() + (f" (`{acc.text}` is taken for the accumulation factor by its name alone: no "
+                                      "step gate, window loop or framework setting the dry run follows uses it.)")
     if tr.n_source == "other":
         # seen only with another value than the default the script carries: right as launched by default, wrong
         # when launched with other values - a warning, never an error, on a value we do not know it runs with
