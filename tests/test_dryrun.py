@@ -405,3 +405,21 @@ def test_accumulation_factor_by_usage_from_the_probe_run():
             opt_g.step()
     """)
     assert run.factor is None and run.main.n is None
+
+
+def test_optimizer_named_receiver_of_unknown_role_is_kept_at_low_confidence():
+    # names are a hint, never a veto: `self_optim_state` has no role by usage (never stepped, built elsewhere): its
+    # zero_grad() is recorded as that receiver's own clear, at low confidence, not dropped
+    src = """
+    import torch
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(loader):
+        loss = model(x, y)
+        loss.backward()
+        self_optim_state.zero_grad()
+        opt.step()
+        opt.zero_grad()
+    """
+    (run,) = runs(src)
+    zs = [z for z in run.main.of("zero_grad") if z.opt == "self_optim_state"]
+    assert zs and all(z.of == "optimizer" and z.meta.get("confident") is False for z in zs)

@@ -2608,7 +2608,13 @@ class _Runner:
                 self.emit("zero_grad", call, opt=recv or "", of="engine", confident=conf)
             elif recv is not None and rkind in (None, "ddp"):
                 last = recv.split(".")[-1]
-                if not (rkind is None and ("optim" in last.lower() or recv in f.kinds)):
+                if rkind is None and recv in f.kinds:
+                    pass  # a receiver the file binds to something else than a model (no clear of the model's grads)
+                elif rkind is None and "optim" in last.lower():
+                    # known by its name only: a hint that it is an optimizer (its own clear, at low confidence), never
+                    # a reason to drop the call
+                    self.emit("zero_grad", call, opt=recv, of="optimizer", confident=False)
+                else:
                     self.emit("zero_grad", call, target=recv, of="model")
             return UNK
         if attr in ("no_sync", "no_backward_sync"):

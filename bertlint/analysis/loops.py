@@ -624,7 +624,7 @@ class FileLoops:
             nonlocal has_div, has_mul
             if depth > 6:
                 return
-            if accumish(e):
+            if type(e) is not cst.BinaryOperation and accumish(e):
                 if pol > 0:
                     has_mul = True
                 else:
@@ -1000,8 +1000,10 @@ class _LoopWalker:
                 kind = "engine_zero"
             elif rkind in (None, "ddp") and recv is not None:
                 last = recv.split(".")[-1]
-                if rkind is None and (OPT_NAME_RE.match(last) or "optim" in last.lower() or recv in self.f.kinds):
-                    kind = None  # an optimizer we could not identify: no guess
+                if rkind is None and recv in self.f.kinds:
+                    kind = None  # bound to something that is not a model: no clear of the model's gradients
+                elif rkind is None and (OPT_NAME_RE.match(last) or "optim" in last.lower()):
+                    kind, conf = "opt_zero", False  # an optimizer by its name only: recorded, at low confidence
                 else:
                     kind = "model_zero"
                     conf = True

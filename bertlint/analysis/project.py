@@ -1041,3 +1041,117 @@ def _code(node) -> str:
 def _body(suite) -> list:
     b = getattr(suite, "body", ())
     return list(b) if isinstance(b, (list, tuple)) else []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reverse callers: the calls of a function of the linted file made by the other modules of the project
+
+MAX_REVERSE_FILES = 400
+_GUARDS = ("no_grad", "inference_mode")
+
+
+def _guard_kind(expr) -> Optional[bool]:
+    """True for ``torch.no_grad()`` / ``inference_mode()`` / ``set_grad_enabled(False)`` (any alias: the final
+    name decides), False for another context or decorator, None for ``set_grad_enabled(<not a literal>)``."""
+    import ast
+
+    e = expr.func if isinstance(expr, ast.Call) else expr
+    name = e.attr if isinstance(e, ast.Attribute) else e.id if isinstance(e, ast.Name) else ""
+    if name in _GUARDS:
+        return True
+    if name == "set_grad_enabled" and isinstance(expr, ast.Call) and expr.args:
+        a = expr.args[0]
+        if isinstance(a, ast.Constant) and isinstance(a.value, bool):
+            return not a.value
+        return None
+    return False
+
+
+def _calls_with_guard(tree, name: str) -> list:
+    """``(line, guarded)`` for every call ``name(...)`` / ``x.name(...)`` in ``tree``: guarded when an enclosing
+    ``with`` or a decorator of an enclosing function turns gradients off (innermost decides); None when it cannot be
+    told (``set_grad_enabled(flag)``)."""
+    import ast
+
+    out = []
+
+    def visit(node, state):
+        if isinstance(node, ast.With) or isinstance(node, ast.AsyncWith):
+            kinds = [_guard_kind(it.context_expr) for it in node.items]
+            inner = True if True in kinds else (None if None in kinds else state)
+            for it in node.items:
+                visit(it.context_expr, state)
+            for st in node.body:
+                visit(st, inner)
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            kinds = [_guard_kind(d) for d in getattr(node, "decorator_list", [])]
+            # a call inside another function runs in whatever mode that function's own callers set: not known
+            inner = True if True in kinds else (None if None in kinds else None)
+            for d in getattr(node, "decorator_list", []):
+                visit(d, state)
+            body = node.body if isinstance(node.body, list) else [node.body]
+            for st in body:
+                visit(st, inner)
+            return
+        if isinstance(node, ast.Call):
+            f = node.func
+            final = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if final == name:
+                out.append((node.lineno, state))
+        for child in ast.iter_child_nodes(node):
+            visit(child, state)
+
+    visit(tree, False)
+    return out
+
+
+def reverse_calls(filename: str, name: str) -> Optional[list]:
+    """Calls of ``name`` (a function or method of ``filename``) made by the other Python files of its project:
+    ``[(path, line, guarded)]`` with ``guarded`` True (under no_grad / inference_mode), False (module level with
+    gradients on) or None (inside a function whose own callers decide, or a mode not known). Matched by the call's
+    final name, so the answer is only used to stay silent when every such call turns gradients off. None when the
+    project cannot be searched (no root, too many files)."""
+    import ast
+
+    if not filename or os.environ.get("BERTLINT_NO_PROJECT") is not None:
+        return None
+    path = os.path.abspath(filename)
+    root = project_root(os.path.dirname(path))
+    if root is None:
+        return None
+    needle = name + "("
+    out: list = []
+    seen = 0
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x not in _SKIP_DIRS
+                         and x not in ("node_modules", "__pycache__", "venv", "env", "build", "dist"))
+        for fn in sorted(files):
+            if not fn.endswith(".py"):
+                continue
+            p = os.path.join(d, fn)
+            if p == path:
+                continue
+            seen += 1
+            if seen > MAX_REVERSE_FILES:
+                return None
+            _note(p)
+            try:
+                if os.path.getsize(p) > MAX_BYTES:
+                    continue
+                with open(p, encoding="utf-8", errors="replace") as fh:
+                    src = fh.read()
+            except OSError:
+                continue
+            if needle not in src:
+                continue
+            try:
+                import warnings
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    tree = ast.parse(src, filename=p)
+            except Exception:
+                continue
+            out.extend((p, line, g) for line, g in _calls_with_guard(tree, name))
+    return out

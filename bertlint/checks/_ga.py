@@ -236,10 +236,17 @@ def tstmt(ev) -> Optional[cst.SimpleStatementLine]:
     return None
 
 
+def _sole_statement(ev, s) -> bool:
+    """``s`` is the only statement of its block (``if ...: optimizer.zero_grad()``): moving it away would leave an
+    empty block, which does not parse."""
+    blk = ev.meta.get("block")
+    return isinstance(blk, list) and len(blk) == 1 and blk[0] is s
+
+
 def tmove_under(ctx, ev, anchor, msg: str):
     """Unsafe fix: move ``ev``'s statement to just after ``anchor``'s (inside the step gate)."""
     s, a = tstmt(ev), tstmt(anchor) if anchor is not None else None
-    if s is None or a is None or s is a:
+    if s is None or a is None or s is a or _sole_statement(ev, s):
         return None
     try:
         text = code_of(s.body[0]).strip()
@@ -254,7 +261,7 @@ def tmove_under(ctx, ev, anchor, msg: str):
 
 def tmove_before(ctx, ev, anchor, msg: str):
     s, a = tstmt(ev), tstmt(anchor) if anchor is not None else None
-    if s is None or a is None or s is a:
+    if s is None or a is None or s is a or _sole_statement(ev, s):
         return None
     try:
         text = code_of(s.body[0]).strip()

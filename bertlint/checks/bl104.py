@@ -96,14 +96,20 @@ def _lightning(ctx, f) -> None:
         for node in _divs(meth):
             right = node.right
             rt = code_of(right).strip()
-            if not (f.is_accum_expr(right) or rt == k.text or (k.value is not None and f.r.int_value(right) == k.value)):
+            same = rt == k.text or (k.value is not None and f.r.int_value(right) == k.value)
+            if not same and not f.is_accum_expr(right):
                 continue
+            # the divisor is the Trainer's setting (same expression or value); by its name alone it is a hint: a
+            # warning that says so, never an error
+            note = "" if same else (f" (`{rt}` is taken for the accumulation factor by its name alone: it is "
+                                    f"neither `{k.text}` nor a value the linter resolves to it)")
             ctx.report(
                 node,
                 f"`training_step` divides the loss by `{rt}`, but with `Trainer(accumulate_grad_batches={k.text})` "
                 f"Lightning ({_ga.fw(ctx, 'lightning')}) already divides the returned loss by {k.n} under automatic "
-                f"optimization: the gradient is 1/{k.n}² of the sum instead of 1/{k.n}. Return the raw loss.",
+                f"optimization: the gradient is 1/{k.n}² of the sum instead of 1/{k.n}{note}. Return the raw loss.",
                 fix=_fix_drop_node(ctx, node),
+                **({} if same else {"severity": Severity.WARNING}),
             )
 
 

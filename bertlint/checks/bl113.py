@@ -5,8 +5,13 @@ accumulation saves nothing (REFERENCE §3.7 D). Call ``backward()`` on each micr
 Invariant over the dry run (``bertlint.trace.backward_each_micro_batch``): the graph a backward frees holds only
 its own micro-batch's forward. The trace follows the loss value: a sum of several micro-batches' losses carries the
 earliest one; a sum made in a loop inside the micro-batch (``for batch in window: total += loss``) carries that
-loop. Summing the losses of one micro-batch (several tasks, heads or objectives) is one graph: not this; nor is a sum
-over an inner loop whose header names tasks, heads or objectives (a name hint: such a loop is one step's objective)."""
+loop. Summing the losses of one micro-batch (several tasks, heads or objectives) is one graph: not this.
+
+A sum over an inner loop is over micro-batches by usage when the loop runs N times (``range(N)``, N the run's
+accumulation factor), iterates the training loader, or the chunks of the batch (``batch.chunk(N)``,
+``torch.split(...)``): then it is reported whatever the loop's names say. Otherwise only names hint at it: a header
+naming batches / micro-batches (``for micro, batch in enumerate(batches)``) gives an info, one naming tasks, heads
+or objectives nothing (names lower a severity; they never make or veto a finding by usage)."""
 
 from __future__ import annotations
 
@@ -28,12 +33,60 @@ _BATCHY = re.compile(r"batch|loader|micro|window|chunk|\bdl\b|data|accum", re.IG
 _NOT_MICRO = re.compile(r"task|objective|head|layer|domain|lang|modal|loss_fn|criteri", re.IGNORECASE)
 
 
-def _batch_loop(node) -> bool:
-    """An inner loop over micro-batches (not over heads, tasks or layers)."""
-    if isinstance(node, cst.For):
-        text = code_of(node.target) + " " + code_of(node.iter)
-        return bool(_BATCHY.search(text)) and not _NOT_MICRO.search(text)
-    return False
+def _loader_items(run) -> set:
+    """Names the training loop binds to what its loader yields (``for micro_batches in windows:``)."""
+    out = set()
+    loop = run.loop
+    for n in [loop.node] + list(getattr(loop, "outer", None) or []):
+        if isinstance(n, cst.For):
+            it, tgt = n.iter, n.target
+            if isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value == "enumerate" and \
+                    it.args and isinstance(tgt, cst.Tuple) and len(tgt.elements) == 2:
+                it, tgt = it.args[0].value, tgt.elements[1].value
+            if isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value == "zip":
+                continue  # one item from each of several loaders (one batch per task): not a window of one loader
+            out.update(x.value for x in _names_of(tgt))
+    return out
+
+
+def _names_of(t) -> list:
+    if isinstance(t, cst.Name):
+        return [t]
+    if isinstance(t, (cst.Tuple, cst.List)):
+        return [x for el in t.elements for x in _names_of(el.value)]
+    return []
+
+
+def _micro_loop_by_usage(node, tr, run) -> bool:
+    """The inner loop runs over micro-batches by what it iterates: ``range(N)`` with N the accumulation factor, the
+    training loader, what the loader yields (a window of batches), or the chunks of a batch (``.chunk(...)`` /
+    ``.split(...)`` / ``torch.chunk`` / ``torch.split``)."""
+    if not isinstance(node, cst.For):
+        return False
+    it = node.iter
+    while isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value in ("enumerate", "zip", "list") \
+            and it.args:
+        it = it.args[0].value
+    if isinstance(it, cst.Call):
+        name = it.func.attr.value if isinstance(it.func, cst.Attribute) else \
+            it.func.value if isinstance(it.func, cst.Name) else ""
+        if name == "range" and len(it.args) == 1 and tr.n_text and code_of(it.args[0].value).strip() == tr.n_text:
+            return True
+        if name in ("chunk", "split", "tensor_split"):
+            return True
+    if isinstance(it, cst.Name) and it.value in _loader_items(run):
+        return True
+    return bool(tr.loader_text) and code_of(it).strip() == tr.loader_text
+
+
+def _hint(node) -> str:
+    """What the inner loop's header says by its names alone: "batch", "task" or ""."""
+    if not isinstance(node, cst.For):
+        return ""
+    text = code_of(node.target) + " " + code_of(node.iter)
+    if _NOT_MICRO.search(text):
+        return "task"
+    return "batch" if _BATCHY.search(text) else ""
 
 
 @rule("BL113", "deferred-backward", Severity.WARNING, "losses summed over the window and one backward() at its end")
@@ -41,12 +94,19 @@ def check(ctx) -> None:
     for run, v, tr in _ga.violations(ctx, "BL113", _ga.PLAIN_OWNERS + ("accelerate", "deepspeed")):
         e = v.event
         loop = e.meta.get("graph_loop")
-        if loop is not None and not _batch_loop(loop):
-            continue  # the sum over an inner loop of tasks / heads / objectives: one step's objective
+        sev = {}
+        note = ""
+        if loop is not None and not _micro_loop_by_usage(loop, tr, run):
+            if _hint(loop) != "batch":
+                continue  # nothing says its iterations are micro-batches (a loop over tasks / heads: one objective)
+            sev = {"severity": Severity.INFO}
+            note = (f" (that `{code_of(loop.target)}` iterates micro-batches is read from the loop's names only: it "
+                    "neither runs N times nor iterates the loader or a batch's chunks)")
         target = e.text.split(".backward")[0] if ".backward" in e.text else "the summed loss"
         _ga.treport(
             ctx, run, tr, e.node,
             f"`{target}` sums the losses of the whole window and `backward()` runs once at its end{_ga.when(tr)}: "
-            f"{v.message}, so accumulation saves no memory. Call `(loss / N).backward()` on each micro-batch and keep "
-            f"the running total as a float (`loss.item()`) for logging.",
+            f"{v.message}, so accumulation saves no memory{note}. Call `(loss / N).backward()` on each micro-batch and "
+            f"keep the running total as a float (`loss.item()`) for logging.",
+            **sev,
         )

@@ -176,6 +176,18 @@ def _caller_backwards(flow, scope) -> bool:
     return False
 
 
+def _external_calls(ctx, scope):
+    """The calls of ``scope`` made by the other modules of the project (``project.reverse_calls``), or None."""
+    if scope is None or not isinstance(scope, cst.FunctionDef):
+        return None
+    from bertlint.analysis.project import reverse_calls
+
+    try:
+        return reverse_calls(ctx.filename, scope.name.value)
+    except Exception:
+        return None
+
+
 def _single_forwards(ctx, flow, scope, fwds) -> None:
     """Forwards outside any loop in a function that puts the model in eval mode first and trains nothing
     (``sample_images()``: ``G.eval()`` then ``fake = G(real)``): one report per function, at the first such forward."""
@@ -195,7 +207,11 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
             if _caller_backwards(flow, scope):
                 return  # handed to a caller that differentiates it
             if flow.call_sites(scope) == []:
-                return  # returned to callers in other modules: whether they run it under no_grad is not known here
+                # returned to callers in other modules: reported only when one of them is seen calling it with
+                # gradients on at module level; guarded or undecidable callers (or none found) leave it silent
+                ext = _external_calls(ctx, scope)
+                if not ext or not any(g is False for _, _, g in ext):
+                    return
         fwd_text = ctx.module.code_for_node(fwd.func)
         model = flow.forward_receiver_of(fwd) or fwd_text.removesuffix(".forward")
         ctx.report(
@@ -286,6 +302,10 @@ def check(ctx) -> None:
         leaves = (isinstance(loop, cst.SimpleStatementLine) and returned) or _returned(flow, scope, seeds, loop)
         if leaves and _caller_backwards(flow, scope):
             continue
+        if leaves and flow.call_sites(scope) == []:
+            ext = _external_calls(ctx, scope)
+            if ext and all(g is True for _, _, g in ext):
+                continue  # every caller in the other modules of the project runs it under no_grad / inference_mode
         fwd = fwds[0]
         fwd_text = ctx.module.code_for_node(fwd.func)
         expr = no_grad_expr(ctx.symbols)
