@@ -63,7 +63,9 @@ def test_signal_to_bertlint_ends_the_process_group_and_removes_the_record_folder
         record_dir = Path(next(x for x in info["cmdline"] if x.endswith(".json"))).parent
         assert all(alive(x) for x in procs) and record_dir.is_dir()
         p.send_signal(sig)
-        rc = p.wait(timeout=30)
+        # (30 s was not always enough inside the whole suite on 2 cores: the same case failed in 2 of 3 clean-clone
+        # runs at the end of session 4 and passed in every run of this file alone)
+        rc = p.wait(timeout=90)
         assert wait_for(lambda: not any(alive(x) for x in procs), 10), [x for x in procs if alive(x)]
         assert not record_dir.exists()
         assert rc == (130 if sig == signal.SIGINT else -signal.SIGTERM)
