@@ -306,9 +306,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
         _ENTRY_POINT = True
-        # bertlint/_recache.py (the compiled patterns of earlier runs) is not installed: with it, the clean-clone
-        # suite hung in test_verify_bounds' SIGINT case (bertlint did not exit within 30 s, then 90 s, of Ctrl-C)
-        # in 3 of 4 runs while the test passed alone; until the cause is known the start-up saving is off
+        from bertlint import _recache
+
+        _recache.install()  # the compiled patterns of earlier runs (bertlint/_recache.py)
     import gc
 
     gc_was = gc.isenabled()
