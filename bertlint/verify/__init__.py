@@ -148,7 +148,10 @@ DEADLINE_GRACE = 2.5  # seconds past the deadline before the process group is en
 
 def _run_child(cmd: list[str], log_path: str, deadline: float, env: dict, record_dir: str) -> tuple:
     """Run the child in its own process group; returns (exit code or None, killed at the deadline). The group is
-    ended on every way out (deadline, Ctrl-C or SIGTERM to bertlint, an error here)."""
+    ended on every way out (deadline, Ctrl-C or SIGTERM to bertlint, an error here). Ctrl-C is the
+    KeyboardInterrupt CPython raises for SIGINT; a bertlint started with SIGINT ignored (a background command
+    `bertlint --verify ... &` of a non-interactive shell, and whatever such a command starts) keeps ignoring it, as
+    POSIX and CPython intend, and runs on to its deadline: SIGTERM ends it then."""
     with open(log_path, "wb") as log:
         try:
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
