@@ -36,24 +36,13 @@ _NEW: dict = {}  # compiled in this process (written at exit)
 _MISSING = object()
 
 
-def _code_file() -> str:
-    import importlib.util
-    import os
-    import sys
-
-    tag = sys.implementation.cache_tag or "python"
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__",
-                        f"_dataclass_methods.{tag}-{importlib.util.MAGIC_NUMBER.hex()}.marshal")
+_STEM = "_dataclass_methods"
 
 
 def _load_code() -> dict:
-    import marshal
+    from bertlint import _pycache_table
 
-    try:
-        with open(_code_file(), "rb") as f:
-            d = marshal.loads(f.read())
-    except Exception:  # none yet, unreadable, another interpreter's
-        return {}
+    d = _pycache_table.load(_STEM)
     code_t = type(_load_code.__code__)
     if type(d) is not dict or not all(type(k) is str and type(v) is code_t for k, v in d.items()):
         return {}
@@ -61,27 +50,16 @@ def _load_code() -> dict:
 
 
 def _save_code() -> None:
-    import marshal
-    import os
     import sys
+
+    from bertlint import _pycache_table
 
     if not _NEW or sys.dont_write_bytecode:
         return
     merged = {**(_CODE or {}), **_NEW}
     if len(merged) > 5000:  # edits accumulate texts no class generates any more: start over
         merged = dict(_NEW)
-    path = _code_file()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(marshal.dumps(merged))
-        os.replace(tmp, path)
-    except Exception:  # a read-only installation: compile each time, as before
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    _pycache_table.save(_STEM, merged)
 
 
 def _exec(source, globals=None, locals=None):

@@ -21,13 +21,7 @@ _INSTALLED = False
 _LIMIT = 4000
 
 
-def _file() -> str:
-    import importlib.util
-    import os
-
-    tag = sys.implementation.cache_tag or "python"
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__",
-                        f"_re_code.{tag}-{importlib.util.MAGIC_NUMBER.hex()}.marshal")
+_STEM = "_re_code"
 
 
 def _stamp() -> tuple:
@@ -37,13 +31,9 @@ def _stamp() -> tuple:
 
 
 def _load() -> dict:
-    import marshal
+    from bertlint import _pycache_table
 
-    try:
-        with open(_file(), "rb") as f:
-            d = marshal.loads(f.read())
-    except Exception:  # none yet, unreadable
-        return {}
+    d = _pycache_table.load(_STEM)
     if type(d) is not dict or d.get("__stamp__") != _stamp():
         return {}
     d.pop("__stamp__", None)
@@ -51,8 +41,7 @@ def _load() -> dict:
 
 
 def _save() -> None:
-    import marshal
-    import os
+    from bertlint import _pycache_table
 
     if not _NEW or sys.dont_write_bytecode:
         return
@@ -60,18 +49,7 @@ def _save() -> None:
     if len(merged) > _LIMIT:  # patterns nobody compiles any more accumulate: start over
         merged = dict(_NEW)
     merged["__stamp__"] = _stamp()
-    path = _file()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(marshal.dumps(merged))
-        os.replace(tmp, path)
-    except Exception:  # a read-only installation: compile each time, as before
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    _pycache_table.save(_STEM, merged)
 
 
 def install() -> None:

@@ -18,8 +18,8 @@ PATTERNS = [
 
 RUN = """
 import re._compiler as C
-from bertlint import _recache
-_recache._file = lambda: {table!r}
+from bertlint import _pycache_table, _recache
+_pycache_table.path = lambda stem: {table!r}
 original = C.compile
 _recache.install()
 pats = {pats!r}
