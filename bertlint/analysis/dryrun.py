@@ -1941,14 +1941,14 @@ class _Runner:
         return out
 
     def _assign(self, target, v, frame) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        tt = type(target)
+        if tt is cst.Tuple or tt is cst.List:
             for el in target.elements:
-                self._assign(el.value if not isinstance(el, cst.StarredElement) else el.value,
-                             v if isinstance(v, Tensor) else UNK, frame)
+                self._assign(el.value, v if isinstance(v, Tensor) else UNK, frame)
             return
         d = dotted(target)
         if d is None:
-            if isinstance(target, cst.Subscript):
+            if tt is cst.Subscript:
                 base = self.ev(target.value, frame)
                 key = _str_key(target)
                 if isinstance(base, DictVal) and key is not None:
@@ -2503,8 +2503,9 @@ class _Runner:
     def _call(self, call: cst.Call, frame):
         f = self.f
         func = call.func
-        attr = func.attr.value if isinstance(func, cst.Attribute) else None
-        recv_node = func.value if isinstance(func, cst.Attribute) else None
+        is_attr = type(func) is cst.Attribute  # an exact type test: isinstance through ABCMeta is slow
+        attr = func.attr.value if is_attr else None
+        recv_node = func.value if is_attr else None
         recv = dotted(recv_node) if recv_node is not None else None
         name = call_name(call) or ""
         xinfo = project.info_of(frame.func) if self.depth else None
@@ -2645,7 +2646,7 @@ class _Runner:
                 ".grad" in (recv if recv is not None else self.dr.code(recv_node))):
             self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
             return UNK
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             fv = frame.locals.get(func.value)
             if isinstance(fv, _CtxFn):
                 return fv
@@ -2660,7 +2661,7 @@ class _Runner:
                 return self._inline(fn, args, kws, frame, call)
             return Tensor(T.Scale(), True, call)
         # values
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             nm = func.value
             if nm in _BUILTINS_NUM:
                 if nm == "len" and argv:
@@ -2699,7 +2700,7 @@ class _Runner:
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
                 return t
             return self._fresh(call, argv)
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
                     return UNK
@@ -2854,7 +2855,7 @@ class _Runner:
         fn = f.callee(call, frame.func, frame.cls)
         if fn is not None:
             return fn
-        if isinstance(call.func, cst.Name):
+        if type(call.func) is cst.Name:
             return self.local_defs.get(call.func.value)
         return None
 
@@ -3523,7 +3524,7 @@ def _cmp(op, a, b) -> Optional[bool]:
 
 def _reduction_sum(call) -> bool:
     r = kwarg(call, "reduction")
-    return isinstance(r, cst.SimpleString) and r.evaluated_value == "sum"
+    return type(r) is cst.SimpleString and r.evaluated_value == "sum"
 
 
 def _returns_sum_loss(fn) -> bool:
@@ -3598,10 +3599,11 @@ def _name_expr(name: str):
 
 def _target_names(t) -> list:
     out: list = []
-    if isinstance(t, (cst.Tuple, cst.List)):
+    tt = type(t)
+    if tt is cst.Tuple or tt is cst.List:
         for el in t.elements:
             out.extend(_target_names(el.value))
-    elif isinstance(t, cst.StarredElement):
+    elif tt is cst.StarredElement:
         out.extend(_target_names(t.value))
     else:
         d = dotted(t)
@@ -3691,16 +3693,20 @@ def _find(block: list, target, depth: int) -> Optional[list]:
     return None
 
 
+_BLOCK_STMTS = frozenset({cst.If, cst.For, cst.While, cst.With, cst.Try})
+
+
 def _sub_blocks(s) -> list:
+    # exact type tests (every libcst node class here has no subclass): isinstance through ABCMeta is slow
     out = []
-    if isinstance(s, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
+    if type(s) in _BLOCK_STMTS:
         out.append(_body(s.body))
         orelse = getattr(s, "orelse", None)
-        if isinstance(orelse, cst.If):
+        if type(orelse) is cst.If:
             out.extend(_sub_blocks(orelse))
         elif orelse is not None:
             out.append(_body(orelse.body))
-        if isinstance(s, cst.Try):
+        if type(s) is cst.Try:
             for h in s.handlers:
                 out.append(_body(h.body))
             if s.finalbody is not None:

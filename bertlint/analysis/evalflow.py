@@ -348,11 +348,12 @@ class EvalFlow:
         """The nearest enclosing loop whose *body* holds ``node`` (not its iterable or test)."""
         cur, child = self.parent.get(node), node
         while cur is not None:
-            if isinstance(cur, (cst.For, cst.While)) and child is cur.body:
-                if isinstance(cur, cst.For) and cur.asynchronous is not None:
+            tc = type(cur)  # exact type tests: isinstance through ABCMeta is slow
+            if (tc is cst.For or tc is cst.While) and child is cur.body:
+                if tc is cst.For and cur.asynchronous is not None:
                     return None  # async iteration: not a torch data loop we understand
                 return cur
-            if isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if tc is cst.FunctionDef or tc is cst.ClassDef or tc is cst.Lambda:
                 return None
             child, cur = cur, self.parent.get(cur)
         return None
