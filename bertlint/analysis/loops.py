@@ -347,7 +347,7 @@ class FileLoops:
                         self.scheduler_defs.setdefault(name, []).append(v)
                     if k == "scaler":
                         self.scaler_defs.setdefault(name, []).append(v)
-                    if k == "ddp":
+                    if k == "ddp" and (self.t.qualname(v.func) or "").startswith("torch."):
                         self.ddp_wrapped.add(name)
             if len(kinds) == 1 and None not in kinds:
                 self.kinds[name] = kinds.pop()
@@ -384,7 +384,9 @@ class FileLoops:
             q = self.t.qualname(call.func) or ""
             if q in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"):
                 self.accelerator_calls.append(call)
-            elif q.endswith("DistributedDataParallel"):
+            elif q.endswith("DistributedDataParallel") and q.startswith("torch."):
+                # torch's DDP only: apex.parallel.DistributedDataParallel has no ``no_sync()`` (its switch is
+                # ``disable_allreduce()``) and syncs on its own terms; an unresolved class is not known to be DDP
                 self.ddp_calls.append(call)
             elif q in ("lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer", "pl.Trainer") or (
                 q.endswith(".Trainer") and q.startswith(("lightning", "pytorch_lightning"))
