@@ -35,7 +35,7 @@ def check(ctx) -> None:
     f = ctx.loops
     if not f.accelerator_calls:
         return
-    accel_names = [n for n, k in f.kinds.items() if k == "accelerator"]
+    accel_names = sorted({p for _s, p, r in ctx.roles.all("accelerator") if r.confident})
     accel = accel_names[0] if len(accel_names) == 1 else "accelerator"
     ds_on, ds_reason = _launcher_deepspeed(ctx)
     done: set = set()
