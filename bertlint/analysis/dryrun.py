@@ -1209,8 +1209,8 @@ class _Runner:
         # loop never turns sync off
         self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
             self.f.no_sync_used or self.dr.sync_refs
-        fact = self.dr.ddp_fact
-        self.trace.ddp = True if (fact is not None or self.f.ddp_wrapped) else None
+        fact, wrapped = self._ddp_here()
+        self.trace.ddp = True if (fact is not None or wrapped) else None
         self.trace.ddp_when = fact[1] if fact is not None else ""
         if fact is not None and fact[2] == "launch" and self.acc_used:
             self.trace.ddp, self.trace.ddp_when = None, ""  # accumulate() owns the sync of the prepared model
@@ -1376,12 +1376,33 @@ class _Runner:
         else:
             self.trace.sync_control = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events) or \
                 self.f.no_sync_used or "require_backward_grad_sync" in self.dr.ctx.source
-            fact = self.dr.ddp_fact
-            self.trace.ddp = True if (fact is not None or self.f.ddp_calls or self.f.ddp_wrapped) else None
+            fact, wrapped = self._ddp_here()
+            self.trace.ddp = True if (fact is not None or wrapped) else None
             self.trace.ddp_when = fact[1] if fact is not None else ""  # the wrapping's condition, as in run()
             self.trace.owner = self._owner()
         self.trace.fsdp_possible = self._fsdp_possible()
         return self.trace
+
+    def _ddp_here(self) -> tuple:
+        """The file's DistributedDataParallel fact for this loop's model, and whether a name bound to a wrapping can
+        reach it: a wrapping counts when its function is connected to the loop's (the same one, nested, methods of
+        one class, module level, or one calls or hands on the other, through the file's functions). A wrapping in
+        an unrelated function (another test, another entry point) says nothing about this loop's model."""
+        dr = self.dr
+        fact = dr.ddp_fact
+        calls = list(self.f.ddp_calls)
+        if not calls:
+            return fact, bool(self.f.ddp_wrapped)
+        func = getattr(self.loop, "func", None)
+        near = [c for c in calls if _connected(dr, _func_of(dr, c), func)]
+        if len(near) == len(calls):
+            return fact, bool(self.f.ddp_calls or self.f.ddp_wrapped)
+        if not near:
+            return None, False
+        try:
+            return _ddp_fact(dr, near), True
+        except Exception:
+            return fact, True
 
     def tick(self, k: int = 1) -> None:
         self.cost += k
@@ -3153,9 +3174,10 @@ def _sibling_acc(dr) -> Optional[tuple]:
     return hit
 
 
-def _ddp_fact(dr) -> Optional[tuple]:
-    """(True, when, how) for the file's DistributedDataParallel wrapping (see ``FileDryRun.ddp_fact``)."""
-    calls = list(dr.f.ddp_calls)
+def _ddp_fact(dr, calls=None) -> Optional[tuple]:
+    """(True, when, how) for the file's DistributedDataParallel wrapping (see ``FileDryRun.ddp_fact``); ``calls``:
+    only these wrappings of the file (default: all)."""
+    calls = list(dr.f.ddp_calls if calls is None else calls)
     if calls:
         chains = []
         for c in calls:
@@ -3196,6 +3218,71 @@ def _ddp_fact(dr) -> Optional[tuple]:
         return (True, f"by `accelerator.prepare` when launched with {ws} processes, the configuration's "
                       f"`world-size`", "launch")
     return None
+
+
+def _func_of(dr, node) -> Optional[cst.FunctionDef]:
+    return next((a for a in dr.ctx.index.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+
+def _call_graph(dr) -> dict:
+    """id(function) -> names of the file's functions it calls or hands on (``train(...)``, ``self.train(...)``,
+    ``mp.spawn(train, ...)``, ``partial(train, ...)``)."""
+    g = dr.__dict__.get("_call_graph")
+    if g is None:
+        g = {}
+        for call, name, func in dr.f.c.calls:
+            out = g.setdefault(id(func), set())
+            out.add(name.rsplit(".", 1)[-1])
+            for a in call.args:
+                if isinstance(a.value, cst.Name):
+                    out.add(a.value.value)
+                elif isinstance(a.value, cst.Attribute) and isinstance(a.value.value, cst.Name) and \
+                        a.value.value.value == "self":
+                    out.add(a.value.attr.value)
+        dr.__dict__["_call_graph"] = g
+    return g
+
+
+def _reaches(dr, a, b, depth: int = 4) -> bool:
+    """Function ``a`` calls (or hands on) ``b``, directly or through the file's functions it calls."""
+    g = _call_graph(dr)
+    funcs = dr.f.t.module_funcs
+    methods = dr.f.t.class_methods
+    seen = {id(a)}
+    frontier = [a]
+    for _ in range(depth):
+        nxt = []
+        for f in frontier:
+            for name in g.get(id(f), ()):
+                if name == b.name.value:
+                    return True
+                for cand in list(funcs.get(name, ())) + [m[name] for m in methods.values() if name in m]:
+                    if id(cand) not in seen:
+                        seen.add(id(cand))
+                        nxt.append(cand)
+        frontier = nxt
+        if not frontier:
+            break
+    return False
+
+
+def _connected(dr, a, b) -> bool:
+    """Two scopes of the file can share a model: one of them is module level, they are the same function, one is
+    nested in the other, both are methods of one class, or one reaches the other through calls."""
+    if a is None or b is None or a is b:
+        return True
+    try:
+        anc_b = set(map(id, dr.ctx.index.ancestors(b)))
+        anc_a = set(map(id, dr.ctx.index.ancestors(a)))
+        if id(a) in anc_b or id(b) in anc_a:
+            return True
+        mc = dr.f.t.method_class
+        ca, cb = mc.get(id(a)), mc.get(id(b))
+        if ca is not None and ca is cb:
+            return True
+        return _reaches(dr, a, b) or _reaches(dr, b, a)
+    except Exception:
+        return True
 
 
 def _accelerate_deepspeed(dr) -> bool:

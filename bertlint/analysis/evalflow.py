@@ -64,6 +64,9 @@ _NOT_MODEL_TOKENS = {
     # forward of a model
     "save", "load", "dump", "json", "schema", "validate", "build", "get", "create", "make", "unwrap", "wrap",
     "prepare", "freeze", "unfreeze", "print", "log", "export", "push", "upload", "download", "resize", "summary",
+    "process", "preprocess", "postprocess", "convert", "init", "setup", "update",
+    # a purpose, not the object: `reranker._process_mentions_for_model(...)` prepares inputs for a model
+    "for",
 }
 
 _MODEL_CTOR = re.compile(

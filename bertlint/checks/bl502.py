@@ -32,6 +32,9 @@ def loop_accumulators(flow, loop) -> set[str]:
         elif isinstance(s, cst.Assign):
             read = names_in(s.value)
             for t in s.targets:
+                if isinstance(t.target, cst.Subscript) and isinstance(t.target.value, cst.Name):
+                    out.add(t.target.value.value)  # `outputs[k] = model(...)`: stored in a container kept across
+                    continue
                 for n in target_names(t.target):
                     if n in read:
                         if n not in fresh:
@@ -188,6 +191,15 @@ def _external_calls(ctx, scope):
         return None
 
 
+def _guarded_elsewhere(ctx, flow, scope) -> bool:
+    """``scope`` has no caller in this file and every call of it found in the other modules of the project runs under
+    ``no_grad`` / ``inference_mode``: grad mode is the caller's (dynamic), so its forwards run without a graph."""
+    if not isinstance(scope, cst.FunctionDef) or flow.call_sites(scope) != []:
+        return False
+    ext = _external_calls(ctx, scope)
+    return bool(ext) and all(g is True for _, _, g in ext)
+
+
 def _single_forwards(ctx, flow, scope, fwds) -> None:
     """Forwards outside any loop in a function that puts the model in eval mode first and trains nothing
     (``sample_images()``: ``G.eval()`` then ``fake = G(real)``): one report per function, at the first such forward."""
@@ -203,6 +215,8 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
         ev = flow.eval_mode_before(fwd, {recv})
         if ev is None or flow.loop_of(ev) is not None:
             continue
+        if _guarded_elsewhere(ctx, flow, scope):
+            return
         if any(isinstance(r, cst.Return) and r.value is not None for r in flow.returns.get(scope, [])):
             if _caller_backwards(flow, scope):
                 return  # handed to a caller that differentiates it
@@ -302,10 +316,8 @@ def check(ctx) -> None:
         leaves = (isinstance(loop, cst.SimpleStatementLine) and returned) or _returned(flow, scope, seeds, loop)
         if leaves and _caller_backwards(flow, scope):
             continue
-        if leaves and flow.call_sites(scope) == []:
-            ext = _external_calls(ctx, scope)
-            if ext and all(g is True for _, _, g in ext):
-                continue  # every caller in the other modules of the project runs it under no_grad / inference_mode
+        if _guarded_elsewhere(ctx, flow, scope):
+            continue
         fwd = fwds[0]
         fwd_text = ctx.module.code_for_node(fwd.func)
         expr = no_grad_expr(ctx.symbols)
