@@ -4,7 +4,7 @@
   was found (a step gate, a loss division, the Accelerator, a plugin, the DeepSpeed plugin, a Trainer ...);
 - :class:`Setup`: what the file's ``Accelerator(...)`` / plugins configure (``gradient_accumulation_steps``, a
   DeepSpeed plugin, ``**kwargs`` or a plugin it cannot read: unknown), the DDP and Lightning ``Trainer`` calls,
-  the GradScaler and scheduler constructor calls by the name they are bound to, what ``accelerator.prepare``
+  the GradScaler and torch / transformers scheduler constructor calls by the name they are bound to, what ``accelerator.prepare``
   hands back, and the integer an expression resolves to (a command-line default of 1 counts as unknown);
 - :func:`units_of`: whether a schedule length / step budget counts optimizer steps or micro-batches, from one walk
   of its definitions.
@@ -32,6 +32,10 @@ ACCUM_RE = re.compile(
     re.IGNORECASE,
 )
 
+# the schedulers whose length arguments ``_ga.sched_length`` reads: torch's and transformers' own (a project's
+# ``get_scheduler_ex`` may take other arguments, or step differently)
+_SCHED_Q = re.compile(r"^(torch\.optim\.lr_scheduler\.|torch\.optim\.swa_utils\.SWALR|"
+                      r"transformers(\.optimization)?\.get_(\w*schedule\w*|scheduler)$)")
 _ACCELERATOR = ("accelerate.Accelerator", "accelerate.accelerator.Accelerator")
 _LIGHTNING_TRAINER = ("lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer", "pl.Trainer")
 
@@ -110,17 +114,9 @@ class Setup:
                 if q.endswith("DistributedDataParallel") or q == "torch.nn.parallel.DDP":
                     self.ddp_wrapped.add(name)
                     continue
-                if not q:
-                    continue
-                try:
-                    role = self.roles.call_role(v, a.func)
-                except Exception:
-                    role = None
-                if role is None or not role.by_constructor:
-                    continue
-                if role.role == "scheduler":
+                if _SCHED_Q.match(q):
                     self.scheduler_defs.setdefault(name, []).append(v)
-                elif role.role == "grad_scaler":
+                elif q.endswith("GradScaler") and q.startswith(("torch.", "apex")):
                     self.scaler_defs.setdefault(name, []).append(v)
         for names, call, func in t.unpacks:
             if not (call_name(call) or "").endswith(".prepare") or not isinstance(call.func, cst.Attribute):

@@ -3230,7 +3230,7 @@ def _call_graph(dr) -> dict:
     g = dr.__dict__.get("_call_graph")
     if g is None:
         g = {}
-        for call, name, func in dr.f.c.calls:
+        for call, name, func in dr.f.t.calls:
             out = g.setdefault(id(func), set())
             out.add(name.rsplit(".", 1)[-1])
             for a in call.args:
