@@ -201,12 +201,23 @@ _PY_CELL_MAGICS = {"time", "timeit", "capture", "prun", "debug", "pypy", "python
 _LINE_MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?P<lhs>[A-Za-z_][\w, \t]*=[ \t]*)?(?:[!%]|\?\??[A-Za-z_]|[A-Za-z_][\w.]*\?\??[ \t]*$)")
 
 
+# IPython's automagic (on by default): a line magic called without its ``%`` (``pip install diffusers``, ``cd data``)
+# when the word is followed by an argument that cannot continue a Python statement
+_AUTOMAGIC = re.compile(
+    r"^(?P<indent>[ \t]*)(?:pip|conda|mamba|cd|load_ext|reload_ext|matplotlib|env|set_env|autoreload|aimport|"
+    r"tensorboard|pdb|xmode|store|bookmark)[ \t]+(?![ \t]*(?:[=(\[.,:;+*/%<>!&|^@)\]}]|$|(?:if|else|for|in|and|or|is|not)\b))"
+)
+
+
 def _neutralise(line: str) -> str:
     """A magic / shell / help line becomes ``pass`` (or ``x = None``) with the same indentation."""
     body = line.rstrip("\r\n")
     end = line[len(body) :]
     m = _LINE_MAGIC.match(body)
     if not m:
+        a = _AUTOMAGIC.match(body)
+        if a is not None:
+            return f"{a.group('indent')}pass{end}"
         return line
     indent = m.group("indent")
     lhs = m.group("lhs")

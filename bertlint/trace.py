@@ -881,12 +881,30 @@ def clip_once_per_step(trace: Trace) -> list:
     return _first_unique(out)
 
 
+def _arms_in(a: tuple, b: tuple) -> bool:
+    """Every undecided condition (and the side taken) of ``a`` is one of ``b``'s."""
+    have = set(b) if b else set()  # (condition text, side, last store of a name it reads): the same decision
+    return all(x in have for x in a)
+
+
+def _runs_before_every(c: Event, trace: Trace) -> bool:
+    """A clip under conditions the dry run could not decide (a helper's ``if do_step:`` on a counter it cannot
+    follow) that still runs before each scaler step of its micro-batch: the step's undecided conditions include all of
+    the clip's, so whenever that step runs the clip ran before it, on the same scaled gradients."""
+    arms = c.meta.get("arms")
+    if not arms:
+        return False
+    at = trace.events.index(c)
+    later = [s for s in trace.events[at + 1:] if s.kind == "step" and s.via == "scaler" and s.mb == c.mb]
+    return bool(later) and all(_arms_in(tuple(arms), tuple(s.meta.get("arms") or ())) for s in later)
+
+
 def unscale_before_clip(trace: Trace) -> list:
     """BL201: gradients clipped after a scaled backward are unscaled first (one ``unscale_`` per step, before any
     clip)."""
     out = []
     for c in trace.of("clip"):
-        if c.scaled is True and c.certain:
+        if c.scaled is True and (c.certain or _runs_before_every(c, trace)):
             steps = [s for s in trace.of("step") if s.via == "scaler" and s.mb >= c.mb]
             if not steps:
                 continue

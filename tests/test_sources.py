@@ -112,6 +112,17 @@ def test_magics_are_neutralised_line_for_line():
     assert cell_to_python(["%%time\n", "y = 2\n"]) == ["pass\n", "y = 2\n"]
 
 
+def test_automagic_lines_are_neutralised_and_python_lines_kept():
+    """IPython runs ``pip install x`` / ``cd data`` as the %pip / %cd magics (automagic, on by default); a line that
+    can continue as Python (``cd = 3``, ``pip.main(...)``, ``env["X"]``, a bare ``pip``) is Python."""
+    lines = ["pip install diffusers transformers\n", "pip -q install -U accelerate\n", "  cd data\n", "cd = 3\n",
+             "pip.main(['install'])\n", "env['X']\n", "pip\n", "conda install -y faiss\n", "x = 1\n"]
+    assert cell_to_python(lines) == ["pass\n", "pass\n", "  pass\n", "cd = 3\n", "pip.main(['install'])\n",
+                                     "env['X']\n", "pip\n", "pass\n", "x = 1\n"]
+    text = nb(("code", "pip install diffusers\n"), ("code", "import torch\nx = torch.ones(2)\n"))
+    assert lint_text(text, "nb.ipynb", S) == []
+
+
 def test_notebook_cells_are_joined_with_a_row_map():
     text = nb(("markdown", "# title"), ("code", "import torch\n!nvidia-smi"), ("code", ["x = 1\n", "y = 2"]))
     n = read_notebook(text)

@@ -111,8 +111,8 @@ class Setup:
                 if type(v) is not cst.Call:
                     continue
                 q = q_of(v.func) or ""
-                if q.endswith("DistributedDataParallel") or q == "torch.nn.parallel.DDP":
-                    self.ddp_wrapped.add(name)
+                if q.startswith("torch.") and (q.endswith("DistributedDataParallel") or q == "torch.nn.parallel.DDP"):
+                    self.ddp_wrapped.add(name)  # (torch's DDP only: see ddp_calls)
                     continue
                 if _SCHED_Q.match(q):
                     self.scheduler_defs.setdefault(name, []).append(v)
@@ -130,7 +130,9 @@ class Setup:
             q = q_of(call.func) or ""
             if q in _ACCELERATOR:
                 self.accelerator_calls.append(call)
-            elif q.endswith("DistributedDataParallel"):
+            elif q.endswith("DistributedDataParallel") and q.startswith("torch."):
+                # torch's DDP only: apex.parallel.DistributedDataParallel has no ``no_sync()`` (its switch is
+                # ``disable_allreduce()``) and syncs on its own terms; an unresolved class is not known to be DDP
                 self.ddp_calls.append(call)
             elif q in _LIGHTNING_TRAINER or (q.endswith(".Trainer") and q.startswith(("lightning", "pytorch_lightning"))):
                 self.lightning_trainer_calls.append(call)

@@ -56,7 +56,8 @@ from bertlint.analysis.walk import assigned_names, children, names_in, scope_nod
 REPRESENTATIVE_N = 4
 _FSDP_MODS = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
 PER_LOOP = frozenset({"BL101", "BL103", "BL107", "BL108", "BL114"})
-MAX_SPLITS = 4
+MAX_SPLITS = 5  # configuration conditions a run splits on (2**5 runs at most per N)
+PROBE_SPLITS = 4  # ... and a probe run looking for N (it stops at the first configuration that shows N by usage)
 BUDGET = 60000  # statements + expressions evaluated per run before giving up (trace marked incomplete)
 
 
@@ -595,14 +596,14 @@ def _probe_factor(dr: FileDryRun, loop, window):
     def by_usage(p) -> bool:
         return bool(p.guard_periods) or any(t not in p.n_hint for _v, t in p.n_candidates)
 
-    while pending and tries < 4 * MAX_SPLITS:
+    while pending and tries < 4 * PROBE_SPLITS:
         cfg = pending.pop(0)
         tries += 1
         probe = _Runner(dr, loop, None, "", cfg, window, probe=True)
         try:
             probe.run()
         except _Split as sp:
-            if not by_usage(probe) and len(cfg) < MAX_SPLITS:
+            if not by_usage(probe) and len(cfg) < PROBE_SPLITS:
                 # look for N in one configuration, then run them all with it (a guard that ends the run in one
                 # configuration, ``if state["iter_num"] >= max_iters: break``, is tried the other way too); a
                 # candidate by its name alone does not end the search for one by usage (the step gate may lie
@@ -738,7 +739,109 @@ def _manual_steps(dr) -> list:
     out.extend(_counter_methods(dr, {id(m.func) for m in out}))
     out.extend(_index_param_fns(dr, {id(m.func) for m in out}))
     out.extend(_scaler_step_fns(dr, {id(m.func) for m in out}))
+    out.extend(_step_fns(dr, {id(m.func) for m in out}))
     return out
+
+
+def _step_fns(dr, taken: set) -> list:
+    """Training-step functions: a function (a method) that backpropagates and steps an optimizer / scaler (in its own
+    body or in same-file functions it calls) and that no loop of this file calls, no other such function calls, and
+    that holds no stepping loop of its own: its driver (a loop in another module, a framework) calls it once per
+    micro-batch. The run calls it a few times with every parameter a per-call unknown; with no counter, index or
+    setting of its own the accumulation factor stays unknown, so only what holds on every call is claimed (the
+    order of ``scale`` / ``unscale_`` / clip / ``step`` within a call, ``exp_gradscaler.out``)."""
+    out = []
+    f = dr.f
+    called, stepping = _called_and_stepping(f)
+    with_bw: dict = {}
+    for _, func in f.t.backward_calls:
+        if func is not None:
+            with_bw[id(func)] = func
+    cands: dict = {}
+    for d in f.t.defs:
+        if isinstance(d, cst.FunctionDef):
+            cands[id(d)] = d
+    picked = []
+    for fn in cands.values():
+        if id(fn) in taken or id(fn) in called or id(fn) in stepping or fn.name.value.startswith("__"):
+            continue
+        if any(type(n) in (cst.For, cst.While) for n in _walk(fn.body)):
+            continue  # a function with loops of its own: its loops are the file's loops (or an inner window)
+        cls = f.class_of(fn)
+        if id(fn) not in with_bw and not f._has_backward(fn.body, cls, 0, set(), fn):
+            continue
+        if not _steps_somewhere(dr, fn, cls):
+            continue
+        picked.append((fn, cls))
+    if not picked:
+        return out
+    # only the outermost: a candidate another candidate calls runs inside that one's run
+    inner: set = set()
+    for fn, cls in picked:
+        for n in _walk(fn.body):
+            if type(n) is cst.Call:
+                g = f.callee(n, fn, cls)
+                if g is not None and g is not fn:
+                    inner.add(id(g))
+    for fn, cls in picked:
+        if id(fn) not in inner:
+            m = ManualStep(dr, fn, cls, "step_fn")
+            m.driver_counts = _driver_counts(dr, fn, cls, called)
+            out.append(m)
+    return out
+
+
+def _driver_counts(dr, fn, cls, called: set) -> list:
+    """``self.n_iter += 1`` in a method of ``fn``'s class that neither backpropagates nor steps and that nothing in
+    this file calls (``def iter(self): self.n_iter += 1``), when ``fn`` (or a same-class method it calls) tests
+    ``self.n_iter`` in a step gate: the driver calls it once per iteration, as it calls ``fn``. The run advances the
+    counter before each call of ``fn`` (the order that makes the first window whole: which order the driver uses is
+    not in this file, so nothing is claimed from it). ``[(statement, method)]``."""
+    if cls is None:
+        return []
+    f = dr.f
+    tested: set = set()
+    stack, seen = [fn], set()
+    while stack:
+        g = stack.pop()
+        if id(g) in seen or len(seen) > 8:
+            continue
+        seen.add(id(g))
+        gates = _step_gate_tests(dr, g, cls, g)
+        for n in _walk(g.body):
+            if id(n) in gates:
+                d = dotted(n) if type(n) in (cst.Attribute, cst.Name) else None
+                if d and d.startswith("self.") and d.count(".") == 1:
+                    tested.add(d)
+            if type(n) is cst.Call:
+                h = f.callee(n, g, cls)
+                if h is not None and f.class_of(h) is cls:
+                    stack.append(h)
+    if not tested:
+        return []
+    with_bw = {id(func) for _, func in f.t.backward_calls if func is not None}
+    out = []
+    for name in sorted(tested):
+        for node, g in f.t.aug_assigns.get(name, []):
+            if g is None or g is fn or id(g) in seen or f.class_of(g) is not cls or id(g) in called:
+                continue
+            if type(node.operator) is not cst.AddAssign or _literal_int(node.value) is None:
+                continue
+            if id(g) in with_bw or _steps_somewhere(dr, g, cls) or _called_in_file(dr, g):
+                continue
+            st = next((x for x in _body(g.body) if type(x) is cst.SimpleStatementLine and node in x.body), None)
+            if st is not None:
+                out.append((st, g))
+    return out
+
+
+def _called_in_file(dr, g) -> bool:
+    """Some function of this file calls ``g`` (a same-file callee resolution)."""
+    f = dr.f
+    for call, _name, func in f.t.calls:
+        if func is not None and func is not g and f.callee(call, func, f.class_of(func)) is g:
+            return True
+    return False
 
 
 def _called_and_stepping(f) -> tuple[set, set]:
@@ -1119,6 +1222,7 @@ class _Runner:
         # the run that looks for N: a period of known value (``% 4``, ``% args.accum`` resolved to 8) is not decided
         # (the probe is shorter than such a window); a step under it makes it the accumulation factor by usage
         self.probe = probe
+        self.max_splits = PROBE_SPLITS if probe else MAX_SPLITS
         self.guard_periods: list = []  # (period, first event after the guard, micro-batch, function) of the probe
         self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
         self.n_hint: set = set()  # candidates for N by their name alone (``_hint``)
@@ -1337,6 +1441,12 @@ class _Runner:
             # every parameter is the caller's per-call value (``step == self.epoch_len - 1``): it changes between
             # calls, so a condition on it is a frequency, never a configuration
             self.loop_names = frozenset(self.loop_names) | frozenset(params[first:])
+        counts = getattr(self.loop, "driver_counts", ())
+        if counts:
+            # the counters the driver advances between calls change from call to call: a frequency, not a
+            # configuration
+            names = {dotted(x.target) for st, _g in counts for x in st.body if type(x) is cst.AugAssign}
+            self.loop_names = frozenset(self.loop_names) | frozenset(n for n in names if n)
         self.in_micro += 1
         # a method with its own counter sees no epochs (one run of calls); a function handed the scaler is one update
         # per call (a few calls)
@@ -1354,6 +1464,8 @@ class _Runner:
                     frame.locals[idx_name] = Num(k)
                 if kind == "index":
                     frame.locals[self.loop.index] = Num(k)
+                for st, g in getattr(self.loop, "driver_counts", ()):
+                    self._block([st], _Frame(g, self.loop.cls, 0))  # the driver's per-iteration count
                 if kind == "scaler_fn":
                     # each call is one update of gradients the caller produced through the scaler it hands in
                     self.scaled = self.scaler_on
@@ -1368,7 +1480,7 @@ class _Runner:
         self.trace.epoch_len = length
         if kind == "index":
             self.trace.driver = f"`{fn.name.value}()` called once per micro-batch with `{self.loop.index}` = 0, 1, 2, …"
-        if kind in ("lightning", "method", "scaler_fn", "index"):
+        if kind in ("lightning", "method", "scaler_fn", "index", "step_fn"):
             # the driver (Lightning; for a method, a caller outside this file) may turn gradient sync off around
             # the call: no claim that it never does
             self.trace.owner = "lightning-manual" if kind == "lightning" else self._owner()
@@ -1569,7 +1681,7 @@ class _Runner:
         run splits into the configuration where the parameter has its default (a caller that leaves it, or passes
         that value) and the one where it is unknown."""
         fn = self.loop.func
-        if fn is None or frame.depth != 0 or len(self.config) >= MAX_SPLITS:
+        if fn is None or frame.depth != 0 or len(self.config) >= self.max_splits:
             return
         names = {n.value for n in _walk(expr) if type(n) is cst.Name}
         for prm in list(fn.params.params) + list(fn.params.kwonly_params):
@@ -2136,7 +2248,7 @@ class _Runner:
             key = f"!when `{name}` starts at {v}, not resumed from a checkpoint"
             if key in self.config:
                 return Num(v) if self.config[key] else None
-            if len(self.config) < MAX_SPLITS:
+            if len(self.config) < self.max_splits:
                 raise _Split(key)
         return None
 
@@ -2260,7 +2372,12 @@ class _Runner:
         self.cfg_exprs[key] = expr
         if key in self.config:
             return self.config[key] == pol
-        if len(self.config) >= MAX_SPLITS:
+        other = _eq_excluded(expr, self.config)
+        if other is not None:
+            # ``x == "native"`` after ``x == "apex"`` held: one value equals one constant at most (no split, and no
+            # configuration where both hold)
+            return False == pol
+        if len(self.config) >= self.max_splits:
             return None
         if self.chain is not None and key not in self.chain_absent:
             # the run goes on as the one where the condition holds (_run_chain): nothing before read it as not fixed
@@ -2277,6 +2394,26 @@ class _Runner:
             return False
         for n in names:
             if n in self.loop_names or n.split(".")[0] in self.loop_names:
+                if not self._alias_of_invariant(n.split(".")[0]):
+                    return False
+        return True
+
+    def _alias_of_invariant(self, name: str) -> bool:
+        """``params = self.params`` at the top of a function run as the loop body (a step function, a method): every
+        assignment of ``name`` in it is a plain alias of an attribute path nothing in it assigns, so it holds the
+        same object on every call."""
+        if not isinstance(self.loop, ManualStep):
+            return False
+        fn = self.loop.func
+        assigns = self.dr.t_assignments(name, fn)
+        if not assigns or any(getattr(a, "func", None) is not fn for a in assigns):
+            return False
+        for a in assigns:
+            v = getattr(a, "value", None)
+            d = dotted(v) if isinstance(v, (cst.Attribute, cst.Name)) else None
+            if d is None or not d.startswith("self.") or d in self.loop_names or d.split(".")[0] != "self":
+                return False
+            if any(x == d or x.startswith(d + ".") for x in self.loop.assigned if x.startswith("self.")):
                 return False
         return True
 
@@ -3630,6 +3767,43 @@ def _returns_sum_loss(fn) -> bool:
             continue
         return False
     return True
+
+
+def _eq_const(expr) -> Optional[tuple]:
+    """``x == C`` (one ``==``, no ``not``) with ``C`` a literal or a dotted name (an enum member, a module constant):
+    (code of ``x``, code of ``C``); None otherwise."""
+    if not isinstance(expr, cst.Comparison) or len(expr.comparisons) != 1:
+        return None
+    ct = expr.comparisons[0]
+    if not isinstance(ct.operator, cst.Equal):
+        return None
+    c = ct.comparator
+    if isinstance(c, (cst.SimpleString, cst.Integer, cst.Float)):
+        return _norm(code_of(expr.left)), code_of(c).strip().strip("'\"") if isinstance(c, cst.SimpleString) \
+            else code_of(c).strip()
+    d = dotted(c)
+    if d is None or d in ("True", "False", "None") or d.split(".")[-1][:1].islower():
+        return None  # ``x == y`` of two variables (``C`` upper-case or an enum attribute: a constant)
+    return _norm(code_of(expr.left)), d
+
+
+def _eq_excluded(expr, config: dict) -> Optional[str]:
+    """The key of a configuration condition ``x == A`` that holds in ``config`` while ``expr`` is ``x == B`` with a
+    different constant ``B``: ``expr`` is then False (None: not such a case)."""
+    mine = _eq_const(expr)
+    if mine is None or not config:
+        return None
+    for k, held in config.items():
+        if held is not True or " == " not in k:
+            continue
+        try:
+            e2 = cst.parse_expression(k)
+        except Exception:
+            continue
+        theirs = _eq_const(e2)
+        if theirs is not None and theirs[0] == mine[0] and theirs[1] != mine[1]:
+            return k
+    return None
 
 
 def _cond_key(expr) -> tuple[str, bool]:

@@ -49,6 +49,11 @@ EVAL_TOKENS = {
     "predict", "prediction", "predictions", "inference", "infer", "score", "scoring",
 }
 
+_DATA_PREP_TOKENS = {
+    "preprocess", "prepare", "transform", "transforms", "collate", "collator", "tokenize", "tokenise", "augment",
+    "augmentation", "load", "loader", "dataset", "split", "download", "read", "write", "save",
+}
+
 _MODEL_NAME = re.compile(
     r"(?:^|_)(model|models|net|network|encoder|classifier|teacher|student|bert|roberta|backbone|transformer|"
     r"ddp_model|engine|model_engine)(?:$|_)",
@@ -666,6 +671,12 @@ class EvalFlow:
 
     def _is_model_name(self, name: str, scope: Scope) -> bool:
         assigns = self.symbols.assignments_of(name, scope)
+        if not assigns and scope is not None and name.startswith("self."):
+            # `self.model = X.from_pretrained(...)` in `__init__`, read in another method of the class
+            cls = self.symbols.method_class.get(id(scope))
+            if cls is not None:
+                assigns = [a for a in self.symbols.assignments.get(name, [])
+                           if a.func is not None and self.symbols.method_class.get(id(a.func)) is cls]
         if not assigns and scope is not None:
             assigns = [a for a in self.symbols.assignments.get(name, []) if a.func is None]
         verdicts = [self.model_value(a.value, a.func) for a in assigns]
@@ -721,6 +732,8 @@ class EvalFlow:
             if meth == "from_pretrained":
                 cls = final(dotted(func.value))
                 if _NOT_MODEL_CTOR.search(cls):
+                    return False
+                if self._compiled_runtime(func.value):
                     return False
                 return True
         q = self.qual(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
@@ -1247,6 +1260,22 @@ class EvalFlow:
                 memo[id(cls)] = False
         return memo[id(cls)]
 
+    def _compiled_runtime(self, cls_expr) -> bool:
+        """The class is (or a class of the file derives from) an optimum runtime model that runs a compiled graph
+        outside autograd: ONNX Runtime (``optimum.onnxruntime``), AWS Neuron (``optimum.neuron``), OpenVINO
+        (``optimum.intel``)."""
+        for _ in range(4):
+            if not isinstance(cls_expr, (cst.Name, cst.Attribute)):
+                return False
+            q = self.qual(cls_expr) or ""
+            if q.startswith(("optimum.onnxruntime", "optimum.neuron", "optimum.intel")):
+                return True
+            local = self.symbols.classes.get(dotted(cls_expr) or "")
+            if local is None or not local.bases:
+                return False
+            cls_expr = local.bases[0].value
+        return False
+
     def eval_name(self, scope: Scope) -> bool:
         if scope is None:
             return False
@@ -1254,7 +1283,9 @@ class EvalFlow:
         if name.startswith("test_") and re.search(r"(^|/)(test_[^/]*|[^/]*_test)\.py$", self.filename or ""):
             return False
         toks = set(t for t in re.split(r"_+", name) if t)
-        return bool(toks & EVAL_TOKENS)
+        # data preparation for the evaluation split (`preprocess_val`, `collate_eval`, `val_transform`): it prepares
+        # inputs, it does not evaluate a model
+        return bool(toks & EVAL_TOKENS) and not toks & _DATA_PREP_TOKENS
 
     def _same_model(self, a: str, b: str, scope: Scope) -> bool:
         """``a`` and ``b`` name the same module: equal, one an attribute of the other (``model.module``), or one

@@ -103,6 +103,9 @@ def owner_note(ctx, loop: TrainingLoop) -> str:
     if kind == "method":
         return (f"`{loop.func.name.value}()` keeps its own micro-batch counter: it is called once per micro-batch, "
                 f"{fw(ctx, 'torch')}")
+    if kind == "step_fn":
+        return (f"`{loop.func.name.value}()` backpropagates and steps, and no loop of this file calls it: its driver "
+                f"calls it once per micro-batch, {fw(ctx, 'torch')}")
     if owner == "fabric":
         return f"Fabric loop, {fw(ctx, 'lightning')}"
     if owner == "accelerate-manual":

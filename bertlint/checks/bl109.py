@@ -67,7 +67,7 @@ def check(ctx) -> None:
                     **({} if meant else {"severity": Severity.WARNING}),
                 )
         # 2. a plain loss.backward() (or scaler.scale(loss).backward()) the dry run reaches with a prepared model
-        if f.prepared and f.prepared_for(loop):
+        if f.prepared and f.prepared_for(loop) and _prepared_before(ctx, f, loop):
             for tr in traces:
                 for bw in tr.of("backward"):
                     call = bw.node
@@ -122,6 +122,31 @@ def check(ctx) -> None:
                     severity=Severity.WARNING if expected else Severity.ERROR,
                 )
                 break
+
+
+def _prepared_before(ctx, f, loop) -> bool:
+    """Some ``accelerator.prepare(...)`` can have run before the loop: one in another scope (its order is the
+    callers'), one before the loop in the loop's own scope, or one inside the loop. False when every prepare is in
+    the loop's scope and after it (a notebook's plain PyTorch loop in cell 14, the Accelerator version in cell 17:
+    the loop trains the model before anything prepared it)."""
+    from bertlint.analysis.symbols import dotted
+
+    start, end = ctx.span(loop.node)
+    seen = False
+    for c in ctx.index.of(cst.Call):
+        fn = c.func
+        if not isinstance(fn, cst.Attribute) or fn.attr.value != "prepare":
+            continue
+        scope = next((a for a in ctx.index.ancestors(c) if isinstance(a, cst.FunctionDef)), None)
+        if f.receiver_kind(dotted(fn.value), scope)[0] != "accelerator":
+            continue  # (an Accelerator by roles from usage)
+        seen = True
+        if scope is not loop.func:
+            return True
+        at = ctx.span(c)[0]
+        if (at.row, at.column) < (end.row, end.column):
+            return True  # before the loop ends: before it, or inside it
+    return not seen
 
 
 def _hand_gate(tr):
