@@ -2759,7 +2759,7 @@ class _Runner:
         if q in CLIP_QUALNAMES or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
                 and (rkind == "accelerator" or recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad"))) or (
-                attr == "clip_gradients" and recv in ("self", "fabric")):
+                attr == "clip_gradients" and (recv == "self" or rkind == "fabric")):
             own = rkind == "accelerator" or attr == "clip_gradients"
             self.emit("clip", call, scaled=(self.scaled and not own), target=recv or "")
             return UNK
