@@ -85,9 +85,12 @@ class FileContext:
     @cached_property
     def positions(self):
         # libcst's PositionProvider semantics, ~4x cheaper (bertlint/positions.py; falls back to libcst's)
-        from bertlint.positions import positions_of
+        from bertlint.positions import StatementPositions, positions_of
 
-        return positions_of(self.module)
+        if self.source.startswith("\ufeff"):  # the module's code may not be the text, character for character
+            return positions_of(self.module)
+        # only the top-level statements holding the nodes asked for (a finding's few nodes)
+        return StatementPositions(self.module, self.source, self.index.parent)
 
     @property
     def lines(self) -> list[str]:

@@ -145,6 +145,24 @@ class _NoGC:
         return False
 
 
+# Set by the command line when it ends the process without freeing what is still alive (``cli._fast_exit``, as
+# mypy's --fast-exit): the tree and analyses of the last file linted are then left to the exit instead of being freed
+# one object at a time (~20 ms for a 1,200-line script's few hundred thousand nodes); an earlier file's are freed
+# when the next one is done, as always.
+keep_last = False
+_kept: list = []
+
+
+def _done(ctx) -> None:
+    if not keep_last:
+        _release(ctx)
+        return
+    old = _kept[:]
+    _kept[:] = [ctx]
+    for c in old:
+        _release(c)
+
+
 def _release(ctx) -> None:
     """Break the reference cycles between a file's context and its analyses (they hold each other), so that the
     tree and the analyses are freed by reference counting now, not by a later garbage collection."""
@@ -202,7 +220,7 @@ def lint_python(source: str, filename: str, settings: Optional[Settings] = None,
             _run_rules(ctx, "python", settings)
             raw = ctx.diagnostics
         finally:
-            _release(ctx)
+            _done(ctx)
     diags = filter_suppressed(raw, source) if raw else raw
     if "#" in source and settings.is_enabled("BL002", False):  # noqa codes that suppress nothing (off by default)
         from bertlint.noqa import unused_noqa
@@ -340,7 +358,7 @@ def lint_notebook(text: str, filename: str, settings: Optional[Settings] = None)
             _run_rules(ctx, "python", settings)
             found = ctx.diagnostics
         finally:
-            _release(ctx)
+            _done(ctx)
     diags = filter_suppressed(found, nb.source) if found else []
     if "#" in nb.source and settings.is_enabled("BL002", False):
         from bertlint.noqa import unused_noqa

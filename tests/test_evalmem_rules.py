@@ -1315,3 +1315,25 @@ def test_evalflow_derived_follows_long_chains_and_subscript_targets():
     got = flow.derived({"logits_list"}, scope)
     assert {"logits", "matrix", "ranked", "diffs", "probas", "losses", "masked", "loss"} <= got
     assert "rows" not in got and "chunks" not in got
+
+
+def test_bl501_metric_piece_of_an_output_is_info_and_a_loss_tensor_is_not():
+    """A forward output's piece named for a metric (`out["accuracy"]`) is usually computed by comparisons without a
+    graph: reported as info; the loss tensor itself keeps its graph: a warning."""
+    src = """
+        import torch
+
+        def train(model, loader, optimizer):
+            total_accuracy = 0
+            total_loss = 0
+            for batch in loader:
+                loss, output_dict = model.forward(batch)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total_accuracy += output_dict["accuracy"]
+                total_loss += loss
+            return total_accuracy, total_loss
+    """
+    got = {(d.code, d.start.row, d.severity.name) for d in lint(src, codes=("BL501",))}
+    assert got == {("BL501", 12, "INFO"), ("BL501", 13, "WARNING")}

@@ -307,3 +307,43 @@ def test_fast_positions_equal_libcst_position_provider():
             assert mine[node] == rng, (type(node).__name__, rng, mine[node])
             checked += 1
     assert checked > 10000
+
+
+def test_statement_positions_equal_whole_module_positions():
+    """bertlint.positions.StatementPositions (one top-level statement's code generated, placed by its unique
+    occurrence at a line start) must give exactly Positions' ranges, node for node, and fall back to them where
+    a statement cannot be placed (code that occurs twice, the last statement of a text without a final newline,
+    whitespace left after the last newline)."""
+    from pathlib import Path
+
+    import libcst as cst
+
+    from bertlint.context import NodeIndex
+    from bertlint.positions import Positions, StatementPositions
+
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "benchmarks" / "data").glob("*.py")) + sorted((root / "fixtures").rglob("*.py"))[:80]
+    texts = [p.read_text(encoding="utf-8") for p in files] + [
+        "import torch\r\nx = (1,\r\n     2)\r\nif x:\r\n\ty = 3  # c\r\n",
+        "import torch\rx = 1\r",
+        "x = 1\n\nx = 1\n\nx = 1",  # the same statement three times, no final newline
+        "def f():\n    pass\n# c\n\ndef f():\n    pass\n",
+        "s = '''\nx = 1\n'''\nx = 1\n",  # the statement's code also at a line start inside a string
+        "import os\nx = 1\n   \n   ",  # whitespace after the last newline: libcst drops it
+        "@deco\nclass A:\n    # c\n    def f(self):\n        return 1\n\n\nA()\n",
+    ]
+    placed = fell_back = 0
+    for text in texts:
+        module = cst.parse_module(text)
+        assert text.startswith(module.code)
+        ref = Positions(module)
+        index = NodeIndex(module)
+        mine = StatementPositions(module, text, index.parent)
+        nodes = [n for t, ns in index._by_type.items() if t is not cst.Module for n in ns]
+        for node in nodes:
+            assert mine[node] == ref[node], (type(node).__name__, ref[node], mine[node])
+            assert node in mine and mine.get(node) == ref[node]
+        placed += sum(v is not None for v in mine._stmts.values())
+        fell_back += sum(v is None for v in mine._stmts.values())
+        assert mine[module] == ref[module]  # not a statement: the whole-module positions
+    assert placed > 500 and fell_back >= 3

@@ -807,9 +807,10 @@ def all_calls(ctx: Any) -> list[tuple[Any, Any, Any]]:
         for call in index.of(cst.Call):
             func = cls = None
             for a in index.ancestors(call):
-                if func is None and isinstance(a, cst.FunctionDef):
+                ta = type(a)  # exact type tests: isinstance through ABCMeta is slow
+                if func is None and ta is cst.FunctionDef:
                     func = a
-                elif isinstance(a, cst.ClassDef):
+                elif ta is cst.ClassDef:
                     cls = a
                     break
             got.append((call, func, cls))

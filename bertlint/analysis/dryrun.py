@@ -506,6 +506,8 @@ def _run_loop(dr: FileDryRun, loop) -> tuple:
         acc = _probe_factor(dr, loop, window)  # N by usage (an Accelerator of a sibling module included)
     if acc is None or _running(loop, acc):
         acc = _counter_gate_factor(dr, loop) or acc
+    if acc is not None and acc.expr is not None and not isinstance(loop, ManualStep):
+        _size_counter_of(dr, loop, acc)
     n_text = acc.text if acc is not None else ""
     if acc is not None and acc.value is not None:
         ns = [(acc.value, "resolved")]
@@ -1076,11 +1078,64 @@ def _counter_gate_factor(dr, loop):
                 if gated is None:
                     gated = _step_gate_tests(dr, loop.node, getattr(loop, "cls", None), loop.func)
                 if id(n) in gated:
-                    return dr.f.factor(bound, "gate", loop.func)  # the bound of a counter gate that steps
+                    acc = dr.f.factor(bound, "gate", loop.func)  # the bound of a counter gate that steps
+                    _mark_size_counter(dr, loop, acc, c, b)
+                    return acc
                 if hinted is None and _ACCUM_HINT.search(b):
                     hinted = dr.f.factor(bound, "gate", loop.func)
                     hinted.by_name = True
     return hinted
+
+
+def _size_counter_of(dr, loop, acc) -> None:
+    """The counter gate ``if c >= B:`` (``B`` the factor's expression, ``c`` assigned and reset in the loop) whose
+    counter grows by the micro-batch's size: see ``_mark_size_counter``."""
+    if id(loop) in dr.__dict__.get("_unit_incs", {}):
+        return
+    assigned = getattr(loop, "assigned", None) or set()
+    for n in _walk(loop.node):
+        if type(n) is not cst.Comparison or len(n.comparisons) != 1:
+            continue
+        op = type(n.comparisons[0].operator)
+        pairs = ((n.left, n.comparisons[0].comparator),) if op in (cst.GreaterThanEqual, cst.GreaterThan) else \
+            ((n.comparisons[0].comparator, n.left),) if op in (cst.LessThanEqual, cst.LessThan) else ()
+        for cnt, bound in pairs:
+            c, b = dotted(cnt), dotted(bound)
+            if c and b and b == acc.text and c in assigned and b not in assigned and _reset_in(loop.node, c):
+                _mark_size_counter(dr, loop, acc, c, b)
+                return
+
+
+def _mark_size_counter(dr, loop, acc, counter: str, bound: str) -> None:
+    """A counter advanced by the size of each micro-batch (``tokens += batch["input_ids"].numel()``, ``seen +=
+    x.size(0)``) and stepped on when it reaches a bound (``if tokens >= max_tokens:``): the window holds
+    ``ceil(bound / size)`` micro-batches. The run counts each micro-batch as one unit of that size (micro-batches of
+    one size, the last of an epoch aside), so the bound is N units: ``dr._unit_incs`` names the increments the run
+    reads as ``+= 1`` and the trace says so (``driver``)."""
+    incs = [n for n in _walk(loop.node) if type(n) is cst.AugAssign and dotted(n.target) == counter
+            and type(n.operator) is cst.AddAssign]
+    if not incs or any(_literal_int(n.value) is not None for n in incs):
+        return  # a plain count (``+= 1``), or a mix
+    assigned = getattr(loop, "assigned", None) or set()
+    for n in incs:
+        names = [x for x in _names(n.value)]
+        # the increment is a per-micro-batch quantity: it reads something the loop assigns (its batch)
+        if not any(x in assigned or x.split(".")[0] in assigned for x in names):
+            return
+        if any(type(x) is cst.Call and not _size_call(x) for x in _walk(n.value)):
+            return
+    size = dr.code(incs[0].value).strip()
+    dr.__dict__.setdefault("_unit_incs", {})[id(loop)] = (frozenset(id(n) for n in incs),
+                                                          f"`{counter}` advanced by `{size}` per micro-batch, "
+                                                          f"counted as one micro-batch of that size each",
+                                                          f"({bound} / {size})")
+
+
+def _size_call(call) -> bool:
+    """``x.size(0)`` / ``x.size()`` / ``x.numel()`` / ``len(x)`` / ``x.sum()`` (a mask's count) / ``.item()``."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value in ("size", "numel", "sum", "item", "count_nonzero")
+    return isinstance(call.func, cst.Name) and call.func.value == "len"
 
 
 def _set_as_n(f, text: str) -> bool:
@@ -1200,6 +1255,12 @@ class _Runner:
         self.trace = T.Trace(n=n, n_text=n_text or "N", config=dict(config), owner=loop.owner,
                              epoch_len=None, line=0)
         self.trace.n_intended = bool(n and n > 1)
+        unit = dr.__dict__.get("_unit_incs", {}).get(id(loop)) if n is not None else None
+        if unit:
+            # the factor is the bound over the micro-batch's size: how messages spell it (``loss / (max_tokens /
+            # batch["input_ids"].numel())``); the run itself reads the bound as N (``self.n_text``)
+            self.trace.driver = unit[1]
+            self.trace.n_text = unit[2]
         self.mb = -1
         self.epoch = 0
         self.certain = True
@@ -1223,6 +1284,9 @@ class _Runner:
         # (the probe is shorter than such a window); a step under it makes it the accumulation factor by usage
         self.probe = probe
         self.max_splits = PROBE_SPLITS if probe else MAX_SPLITS
+        unit = dr.__dict__.get("_unit_incs", {}).get(id(loop)) if n is not None else None
+        self.unit_incs = unit[0] if unit else frozenset()
+        self._unit_note = unit[1] if unit else ""
         self.guard_periods: list = []  # (period, first event after the guard, micro-batch, function) of the probe
         self.divisors: set = set()  # texts the loss was divided by (probe run: corroborates a gate's period)
         self.n_hint: set = set()  # candidates for N by their name alone (``_hint``)
@@ -2095,14 +2159,14 @@ class _Runner:
         return out
 
     def _assign(self, target, v, frame) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        tt = type(target)
+        if tt is cst.Tuple or tt is cst.List:
             for el in target.elements:
-                self._assign(el.value if not isinstance(el, cst.StarredElement) else el.value,
-                             v if isinstance(v, Tensor) else UNK, frame)
+                self._assign(el.value, v if isinstance(v, Tensor) else UNK, frame)
             return
         d = dotted(target)
         if d is None:
-            if isinstance(target, cst.Subscript):
+            if tt is cst.Subscript:
                 base = self.ev(target.value, frame)
                 key = _str_key(target)
                 if isinstance(base, DictVal) and key is not None:
@@ -2129,6 +2193,8 @@ class _Runner:
         if d is None:
             return
         cur = self.load(d, frame)
+        if self.unit_incs and id(node) in self.unit_incs:
+            rhs = Num(1)  # one micro-batch's worth of the size counter (``_mark_size_counter``)
         binop = {cst.AddAssign: cst.Add, cst.SubtractAssign: cst.Subtract, cst.MultiplyAssign: cst.Multiply,
                  cst.DivideAssign: cst.Divide, cst.FloorDivideAssign: cst.FloorDivide, cst.ModuloAssign: cst.Modulo}.get(op)
         if binop is None:
@@ -2705,8 +2771,9 @@ class _Runner:
     def _call(self, call: cst.Call, frame):
         f = self.f
         func = call.func
-        attr = func.attr.value if isinstance(func, cst.Attribute) else None
-        recv_node = func.value if isinstance(func, cst.Attribute) else None
+        is_attr = type(func) is cst.Attribute  # an exact type test: isinstance through ABCMeta is slow
+        attr = func.attr.value if is_attr else None
+        recv_node = func.value if is_attr else None
         recv = dotted(recv_node) if recv_node is not None else None
         name = call_name(call) or ""
         xinfo = project.info_of(frame.func) if self.depth else None
@@ -2843,7 +2910,7 @@ class _Runner:
                 ".grad" in (recv if recv is not None else self.dr.code(recv_node))):
             self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
             return UNK
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             fv = frame.locals.get(func.value)
             if isinstance(fv, _CtxFn):
                 return fv
@@ -2858,7 +2925,7 @@ class _Runner:
                 return self._inline(fn, args, kws, frame, call)
             return Tensor(T.Scale(), True, call)
         # values
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             nm = func.value
             if nm in _BUILTINS_NUM:
                 if nm == "len" and argv:
@@ -2897,7 +2964,7 @@ class _Runner:
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
                 return t
             return self._fresh(call, argv)
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
                     return UNK
@@ -3056,7 +3123,7 @@ class _Runner:
         fn = f.callee(call, frame.func, frame.cls)
         if fn is not None:
             return fn
-        if isinstance(call.func, cst.Name):
+        if type(call.func) is cst.Name:
             return self.local_defs.get(call.func.value)
         return None
 
@@ -3735,7 +3802,7 @@ def _cmp(op, a, b) -> Optional[bool]:
 
 def _reduction_sum(call) -> bool:
     r = kwarg(call, "reduction")
-    return isinstance(r, cst.SimpleString) and r.evaluated_value == "sum"
+    return type(r) is cst.SimpleString and r.evaluated_value == "sum"
 
 
 def _returns_sum_loss(fn) -> bool:
@@ -3847,10 +3914,11 @@ def _name_expr(name: str):
 
 def _target_names(t) -> list:
     out: list = []
-    if isinstance(t, (cst.Tuple, cst.List)):
+    tt = type(t)
+    if tt is cst.Tuple or tt is cst.List:
         for el in t.elements:
             out.extend(_target_names(el.value))
-    elif isinstance(t, cst.StarredElement):
+    elif tt is cst.StarredElement:
         out.extend(_target_names(t.value))
     else:
         d = dotted(t)
@@ -3940,16 +4008,20 @@ def _find(block: list, target, depth: int) -> Optional[list]:
     return None
 
 
+_BLOCK_STMTS = frozenset({cst.If, cst.For, cst.While, cst.With, cst.Try})
+
+
 def _sub_blocks(s) -> list:
+    # exact type tests (every libcst node class here has no subclass): isinstance through ABCMeta is slow
     out = []
-    if isinstance(s, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
+    if type(s) in _BLOCK_STMTS:
         out.append(_body(s.body))
         orelse = getattr(s, "orelse", None)
-        if isinstance(orelse, cst.If):
+        if type(orelse) is cst.If:
             out.extend(_sub_blocks(orelse))
         elif orelse is not None:
             out.append(_body(orelse.body))
-        if isinstance(s, cst.Try):
+        if type(s) is cst.Try:
             for h in s.handlers:
                 out.append(_body(h.body))
             if s.finalbody is not None:

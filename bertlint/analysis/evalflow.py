@@ -69,7 +69,8 @@ _NOT_MODEL_TOKENS = {
     # forward of a model
     "save", "load", "dump", "json", "schema", "validate", "build", "get", "create", "make", "unwrap", "wrap",
     "prepare", "freeze", "unfreeze", "print", "log", "export", "push", "upload", "download", "resize", "summary",
-    "process", "preprocess", "postprocess", "convert", "init", "setup", "update",
+    "process", "preprocess", "postprocess", "convert", "init", "setup", "update", "unload", "offload", "reload",
+    "merge", "quantize", "compile", "register", "patch", "delete", "free", "release", "move", "switch", "swap",
     # a purpose, not the object: `reranker._process_mentions_for_model(...)` prepares inputs for a model
     "for",
 }
@@ -353,11 +354,12 @@ class EvalFlow:
         """The nearest enclosing loop whose *body* holds ``node`` (not its iterable or test)."""
         cur, child = self.parent.get(node), node
         while cur is not None:
-            if isinstance(cur, (cst.For, cst.While)) and child is cur.body:
-                if isinstance(cur, cst.For) and cur.asynchronous is not None:
+            tc = type(cur)  # exact type tests: isinstance through ABCMeta is slow
+            if (tc is cst.For or tc is cst.While) and child is cur.body:
+                if tc is cst.For and cur.asynchronous is not None:
                     return None  # async iteration: not a torch data loop we understand
                 return cur
-            if isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if tc is cst.FunctionDef or tc is cst.ClassDef or tc is cst.Lambda:
                 return None
             child, cur = cur, self.parent.get(cur)
         return None

@@ -226,15 +226,16 @@ class FileLoops:
         if xp is not None and xp.foreign_call(call):
             return xp.callee(call, func, cls, self)
         f = call.func
-        if isinstance(f, cst.Name):
+        tf = type(f)  # exact type tests: isinstance through ABCMeta is slow
+        if tf is cst.Name:
             defs = self.t.module_funcs.get(f.value, [])
             if len(defs) == 1:
                 return defs[0]
             if defs:
                 return None
         elif (
-            isinstance(f, cst.Attribute)
-            and isinstance(f.value, cst.Name)
+            tf is cst.Attribute
+            and type(f.value) is cst.Name
             and f.value.value == "self"
             and cls is not None
         ):

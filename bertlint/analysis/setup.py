@@ -1505,8 +1505,10 @@ class _Builder:
             if target == f"{var}.config.is_decoder" and any(literal(a.value) is True for a in assigns):
                 info.is_decoder = True
         for loop, lfunc in self.col.fors:
+            if var not in code_of(loop.iter):  # before the loop's whole text (a training loop is long)
+                continue
             text = code_of(loop)
-            if var not in code_of(loop.iter) or not _FREEZE_RE.search(text):
+            if not _FREEZE_RE.search(text):
                 continue
             info.frozen_any = True
             if "embed" in text.lower():

@@ -384,6 +384,9 @@ class SymbolTable(cst.CSTVisitor):
         return mod if mod else (all_ if func is None else [])
 
 
+_LITERAL_TYPES = frozenset({cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString})
+
+
 def literal(expr: Optional[cst.BaseExpression]) -> Any:
     """A Python literal for literal expressions, else UNKNOWN."""
     if expr is None:
@@ -399,14 +402,15 @@ def literal(expr: Optional[cst.BaseExpression]) -> Any:
             return float(expr.value)
         except ValueError:
             pass
-    if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
+    # exact type tests (these libcst classes have no subclasses): isinstance through ABCMeta is slow
+    if tp in _LITERAL_TYPES:
         try:
             return ast.literal_eval(expr.value if tp is cst.SimpleString else code_of(expr))
         except Exception:
             return UNKNOWN
-    if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):
+    if tp is cst.Name and expr.value in ("True", "False", "None"):
         return {"True": True, "False": False, "None": None}[expr.value]
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+    if tp is cst.UnaryOperation and type(expr.operator) is cst.Minus:
         v = literal(expr.expression)
         return -v if isinstance(v, (int, float)) and not isinstance(v, bool) else UNKNOWN
     return UNKNOWN
@@ -439,9 +443,10 @@ class Resolver:
         if lit is not UNKNOWN:
             return lit
         d = _depth + 1
-        if isinstance(expr, cst.Name):
+        tp = type(expr)  # exact type tests: isinstance through ABCMeta is slow
+        if tp is cst.Name:
             return self._name(expr.value, func, d)
-        if isinstance(expr, cst.Attribute):
+        if tp is cst.Attribute:
             name = dotted(expr)
             if name is None:
                 return UNKNOWN
@@ -465,9 +470,9 @@ class Resolver:
                 if len(vals) == 1:
                     return self.value(fields[0][1], None, d)
             return UNKNOWN
-        if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+        if tp is cst.Subscript and len(expr.slice) == 1:
             el = expr.slice[0].slice
-            if isinstance(el, cst.Index):
+            if type(el) is cst.Index:
                 key = self.value(el.value, func, d)
                 container = self.value(expr.value, func, d)
                 if isinstance(container, dict) and isinstance(key, str) and key in container:

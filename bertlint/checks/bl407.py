@@ -102,7 +102,12 @@ def check(ctx) -> None:
                     + (f"use {repl} instead." if repl else "remove it."),
                     severity=sev,
                 )
+    unsloth = _imports_unsloth(ctx)
     for ti in fs.trainers:
+        if unsloth and _trl_trainer(ctx, ti):
+            # unsloth wraps every trl trainer's __init__ (`_backwards_compatible_trainer`): `tokenizer=` is moved to
+            # `processing_class` before trl sees it
+            continue
         for a in ti.node.args:
             if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
                 removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
@@ -110,4 +115,35 @@ def check(ctx) -> None:
                 if on is not None:
                     fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
                                   fix_kind)
-                    ctx.report(a, _message("Trainer", a.keyword.value, removed, repl, on), fix=fix, severity=sev)
+                    ctx.report(a, _message(ti.class_name or "Trainer", a.keyword.value, removed, repl, on), fix=fix,
+                               severity=sev)
+
+
+def _imports_unsloth(ctx) -> bool:
+    """The module imports unsloth (which patches trl's trainers when imported)."""
+    if "unsloth" not in ctx.source:
+        return False
+    from bertlint.analysis.symbols import dotted
+
+    for node in ctx.index.of(cst.Import):
+        if any((dotted(a.name) or "").split(".")[0] == "unsloth" for a in node.names):
+            return True
+    for node in ctx.index.of(cst.ImportFrom):
+        if not node.relative and node.module is not None and (dotted(node.module) or "").split(".")[0] == "unsloth":
+            return True
+    return False
+
+
+def _trl_trainer(ctx, ti) -> bool:
+    """The trainer is one of trl's (or a user subclass of one)."""
+    exprs = [ti.node.func]
+    if ti.subclass is not None:
+        exprs += [b.value for b in ti.subclass.bases]
+    for e in exprs:
+        try:
+            q = ctx.symbols.qualname(e) or ""
+        except Exception:
+            q = ""
+        if q.split(".")[0] == "trl":
+            return True
+    return False

@@ -272,6 +272,26 @@ def check(ctx) -> None:
                             env[n] = False
 
 
+_METRIC_TOKENS = {"accuracy", "acc", "correct", "corrects", "f1", "precision", "recall", "auc", "hits", "top1", "top5",
+                  "em", "exact", "matches", "error", "err", "errors"}
+
+
+def _metric_piece(value) -> bool:
+    """``x["accuracy"]`` / ``x.acc`` / ``x.get("f1")``: a subscript or attribute of another value whose key names a
+    metric (the value itself is not a model's direct output tensor)."""
+    key = None
+    if isinstance(value, cst.Subscript) and len(value.slice) == 1:
+        idx = value.slice[0].slice
+        if isinstance(idx, cst.Index) and isinstance(idx.value, cst.SimpleString):
+            key = idx.value.evaluated_value if isinstance(idx.value.evaluated_value, str) else None
+    elif isinstance(value, cst.Attribute):
+        key = value.attr.value
+    if not key:
+        return False
+    toks = {t for t in key.lower().replace("-", "_").split("_") if t}
+    return bool(toks & _METRIC_TOKENS)
+
+
 def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
     acc, value, form = hit
     if flow.grad_state(stmt) != ENABLED:
@@ -319,6 +339,12 @@ def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
                f"(nothing in this scope calls backward on them): memory grows with the number of batches "
                f"({EVAL_BYTES} after 4 batches of 8x64 tokens on a 2-layer BERT; torch 2.x). Accumulate "
                f"`{val}.detach()` (or `.item()`), or run the loop under `torch.no_grad()`.")
+    if _metric_piece(value):
+        # `output_dict["accuracy"]`, `out.acc`: a piece of a forward's output named for a metric, computed by
+        # comparisons (argmax == labels) that record no graph in most models; the model is not in view
+        sev = Severity.INFO
+        msg += (f" (Info only: `{val}` is named for a metric, which is usually computed without a graph; it keeps one "
+                f"only if the model computes it from differentiable outputs.)")
     ctx.report(value, msg, severity=sev, fix=_fix(ctx, flow, acc, value, form, loop, scope),
                data={"statement_row": ctx.span(stmt)[0].row, "accumulator": acc, "training": bool(training),
                      "evaluation": why is not None})

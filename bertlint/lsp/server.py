@@ -1,6 +1,6 @@
 """The bertlint language server (pygls 2).
 
-- Diagnostics on open, on change (debounced, on the unsaved buffer) and on save; same codes, messages,
+- Diagnostics on open, on change (on the unsaved buffer; changes made while a lint runs are coalesced) and on save; same codes, messages,
   severities and ranges as the command line; settings from the nearest pyproject.toml.
 - Code actions: a quick fix per diagnostic with a fix, ``# noqa: CODE`` suppression, and
   ``source.fixAll.bertlint`` (every safe fix).
