@@ -48,8 +48,8 @@ import libcst as cst
 
 from bertlint import trace as T
 from bertlint.analysis import project
-from bertlint.analysis.loops import ACCUM_RE as _ACCUM_HINT  # a name hint: never what alone makes a value N
-from bertlint.analysis.loops import CLIP_QUALNAMES
+from bertlint.analysis.accum import ACCUM_RE as _ACCUM_HINT  # a name hint: never what alone makes a value N
+from bertlint.analysis.loops import CLIP_QUALNAMES, backward_style
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
 from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
 
@@ -166,6 +166,8 @@ _RELEVANT = frozenset({
 })
 _SYNC_ATTRS = frozenset({"no_sync", "no_backward_sync", "require_backward_grad_sync"})
 _PURE = frozenset({"len", "isinstance", "hasattr", "getattr", "int", "str", "bool", "float", "callable", "type"})
+_SCALE_METHODS = {"mul": cst.Multiply, "multiply": cst.Multiply, "div": cst.Divide, "divide": cst.Divide,
+                  "true_divide": cst.Divide}  # torch.Tensor methods (not the in-place ``mul_`` / ``div_``)
 _BUILTINS_NUM = {"len", "int", "min", "max", "abs", "round", "sum"}
 _NO_GRAPH = {"item", "detach", "cpu", "tolist", "numpy", "data", "shape", "dtype", "device", "ndim"}
 _KNOWN_LIBS = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "numpy", "math",
@@ -349,7 +351,7 @@ class FileDryRun:
                     fn = n.func
                     if isinstance(fn, cst.Attribute) and fn.attr.value in _RELEVANT:
                         v = True
-                    elif isinstance(fn, cst.Name) and fn.value in f.c.module_funcs:
+                    elif isinstance(fn, cst.Name) and fn.value in f.t.module_funcs:
                         v = True
                     elif isinstance(fn, cst.Attribute) and isinstance(fn.value, cst.Name) and fn.value.value == "self":
                         v = True
@@ -390,12 +392,26 @@ class FileDryRun:
             info = project.info_of(func) if func is not None else None
             if info is not None:  # a function of a sibling module (inlined): that module's roles
                 try:
-                    v = _role(self.f, recv, info.roles, func)
+                    v = _role(recv, info.roles, func)
                 except Exception:
                     v = (None, False)
             else:
-                v = _role(self.f, recv, self.roles, func)
+                v = _role(recv, self.roles, func)
             self._roles[k] = v
+        return v
+
+    def model_like(self, recv: str, func) -> bool:
+        """Roles from usage (not a name alone) say ``recv`` is a model (wrapped or not)."""
+        k = ("model", recv, id(func))
+        v = self._roles.get(k)
+        if v is None:
+            info = project.info_of(func) if func is not None else None
+            roles = info.roles if info is not None else self.roles
+            try:
+                kind, conf = roles.legacy_kind(recv, func) if roles is not None else (None, False)
+            except Exception:
+                kind, conf = None, False
+            v = self._roles[k] = bool(conf and kind in ("model", "ddp", "engine", "lightning_module"))
         return v
 
     def item_role(self, node, func) -> tuple:
@@ -463,28 +479,19 @@ def of(ctx) -> FileDryRun:
     return d
 
 
-# ------------------------------------------------------------------------------------------------ roles adapter
-# Until bertlint/analysis/roles.py lands, receivers are classified by loops.FileLoops (constructors, prepare /
-# initialize unpacking, and name hints). Everything role-related goes through these two functions.
+# ------------------------------------------------------------------------------------------------ roles
+# Receivers are classified by roles from usage (bertlint/analysis/roles.py, ``Roles.receiver_kind``): the linted
+# file's, or a sibling module's for the functions of that module the run inlines.
 
 
-def _role(f, recv: Optional[str], roles=None, scope=None) -> tuple[Optional[str], bool]:
-    """(kind, confident) of a receiver: roles from usage (``ctx.roles``) first, then the loop model's constructor
-    table and name hints."""
-    if roles is not None and recv:
-        try:
-            k, conf = roles.legacy_kind(recv, scope)
-        except Exception:
-            k, conf = None, False
-        if k is not None and k not in ("other", "model", "dataloader", "pipeline", "trainer", "lightning_module"):
-            return k, conf
-    return f.receiver_kind(recv)
-
-
-def _backward_style(f, call: cst.Call) -> Optional[str]:
-    from bertlint.analysis.loops import backward_style
-
-    return backward_style(call, f)
+def _role(recv: Optional[str], roles=None, scope=None) -> tuple[Optional[str], bool]:
+    """(kind, confident) of a receiver by roles from usage; (None, False) when unknown."""
+    if roles is None or not recv:
+        return None, False
+    try:
+        return roles.receiver_kind(recv, scope)
+    except Exception:
+        return None, False
 
 
 # ------------------------------------------------------------------------------------------------ driver
@@ -580,7 +587,7 @@ def _probe_factor(dr: FileDryRun, loop, window):
     """The accumulation factor by usage: a run with N unknown, in which a period gating the optimizer step
     (``(i + 1) % M == 0``, whatever M is called), a loss divided by an accumulation-named value, or the
     Accelerator's setting when the loop backpropagates through it, is N (``AccumFactor``; None: none)."""
-    from bertlint.analysis.loops import AccumFactor
+    from bertlint.analysis.accum import AccumFactor
 
     f = dr.f
     probe = hinted = None
@@ -713,7 +720,7 @@ def _manual_steps(dr) -> list:
     out = []
     f = dr.f
     for name, cls in f.t.classes.items():
-        meth = f.c.class_methods.get(name, {}).get("training_step")
+        meth = f.t.class_methods.get(name, {}).get("training_step")
         if meth is None:
             continue
         is_lm = f.is_lightning_module(cls)
@@ -948,7 +955,7 @@ def _ignite_steps(dr) -> list:
             continue
         fn = dr.local_defs(func).get(a0.value) if func is not None else None
         if fn is None:
-            defs = f.c.module_funcs.get(a0.value, [])
+            defs = f.t.module_funcs.get(a0.value, [])
             fn = defs[0] if len(defs) == 1 else None
         if fn is None or len(fn.params.params) < 2:
             continue
@@ -1002,7 +1009,7 @@ def _counter_methods(dr, taken: set) -> list:
 def _configurable(f, acc, loop) -> bool:
     """The factor's value is a command-line / dataclass default (the script is run with others too)."""
     try:
-        return bool(f._from_cli(acc.expr, getattr(loop, "func", None), 0))
+        return bool(f.from_cli(acc.expr, getattr(loop, "func", None), 0))
     except Exception:
         return False
 
@@ -1033,7 +1040,7 @@ def _window_factor(dr, loop, window=None):
             isinstance(args[1].operator, cst.Add) and literal(args[1].right) == 1:
         expr = args[1].left
     elif len(args) == 3 and literal(args[0]) == 0:
-        from bertlint.analysis.loops import AccumFactor
+        from bertlint.analysis.accum import AccumFactor
 
         func = window_func = None
         for lp in dr.f:
@@ -1375,6 +1382,10 @@ class _Runner:
         self.trace.ddp_when = fact[1] if fact is not None else ""
         if fact is not None and fact[2] == "launch" and self.acc_used:
             self.trace.ddp, self.trace.ddp_when = None, ""  # accumulate() owns the sync of the prepared model
+        if self.trace.ddp and self._not_ddp_config():
+            # this configuration is the one where the model is not a DistributedDataParallel (``if sync or not
+            # isinstance(module, DDP): yield`` in a sync helper): nothing all-reduces in it
+            self.trace.ddp, self.trace.ddp_when = None, ""
         ran_off = self.sync_control or any(e.kind == "no_sync" for e in self.trace.events)
         if not ran_off and self.trace.sync_control:
             gate = self._fsdp_only_gate()
@@ -1426,6 +1437,21 @@ class _Runner:
                     continue
                 if self._stmt(stmt, frame, None, 0) is not None:
                     return
+
+    def _not_ddp_config(self) -> bool:
+        """The run's configuration took ``isinstance(x, DistributedDataParallel)`` as false."""
+        for key, val in self.config.items():
+            expr = self.cfg_exprs.get(key)
+            while isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+                expr = expr.expression
+            if val is not False or not isinstance(expr, cst.Call) or call_name(expr) != "isinstance":
+                continue
+            cls = positional(expr, 1)
+            elems = [e.value for e in cls.elements] if isinstance(cls, cst.Tuple) else [cls] if cls is not None else []
+            qs = [self.t.qualname(e) or dotted(e) or "" for e in elems]
+            if qs and all(q.endswith(("DistributedDataParallel", ".DDP")) and "FullySharded" not in q for q in qs):
+                return True
+        return False
 
     def _fsdp_only_gate(self) -> Optional[str]:
         """The configuration condition ``isinstance(x, FSDP)`` this run took as false, when the file imports
@@ -1695,6 +1721,22 @@ class _Runner:
                 vals.add(self.dr.code(a.value).strip() if isinstance(a.value, (cst.Name, cst.Attribute)) else None)
             got = frozenset(vals) if len(vals) == 1 and None not in vals else frozenset()
             self._nsrc = got
+        return got
+
+    def _n_multiples(self) -> frozenset:
+        """The names the accumulation factor is computed from as a numerator: every assignment to it in the file is
+        ``X // Y`` or ``X / Y`` (``num_accumulation_rounds = batch_gpu_total // batch_gpu``), so ``X`` is N × Y — a
+        loss divided by ``X`` is divided by N (times something of unknown value), not by an N-independent weight."""
+        got = self.__dict__.get("_nmul")
+        if got is None:
+            vals = set()
+            for a in self.t.assignments.get(self.n_text, []) or []:
+                v = a.value
+                ok = type(v) is cst.BinaryOperation and type(v.operator) in (cst.Divide, cst.FloorDivide) and \
+                    isinstance(v.left, (cst.Name, cst.Attribute))
+                vals.add(self.dr.code(v.left).strip() if ok else None)
+            got = frozenset(vals) if len(vals) == 1 and None not in vals else frozenset()
+            self._nmul = got
         return got
 
     def _pin_default(self, expr, frame) -> None:
@@ -2174,6 +2216,8 @@ class _Runner:
             self.store_logs[-1].add(name)
         self.store_seq += 1
         self.last_store[name] = self.store_seq
+        if isinstance(v, _Unk) and v.inv and self.n_text and frame.depth == 0 and name in self._n_multiples():
+            v = _Unk(False, name)  # ``N = total // per_round``: ``total`` is N × per_round (see _n_multiples)
         if name.startswith("self."):
             self.shared[name] = v
         else:
@@ -2210,6 +2254,8 @@ class _Runner:
             return Num(self.pinned[name], text=name)
         if self.n_text and name in self._n_sources():
             return Num(self.n, is_n=True, text=name)  # ``accum_grad = self.accum_grad``: the aliased value is N too
+        if self.n_text and name in self._n_multiples():
+            return _Unk(False, name)  # ``N = total // per_round``: ``total`` is N × per_round, not independent of N
         if name.endswith(".gradient_accumulation_steps") and self.acc_n is not None:
             head = name.rsplit(".", 1)[0]
             if self.dr.role(head, func)[0] == "accelerator":
@@ -2231,7 +2277,7 @@ class _Runner:
                 return init
             return UNK
         if lit is not None:
-            if isinstance(lit, Num) and lit.v == 1 and self.f._from_cli(_name_expr(name), func, 0):
+            if isinstance(lit, Num) and lit.v == 1 and self.f.from_cli(_name_expr(name), func, 0):
                 return _Unk(True, name)
             return lit
         # an alias assigned once in the function (``ga = args.gradient_accumulation_steps``, possibly inside an
@@ -2316,6 +2362,11 @@ class _Runner:
             # operands are decided one by one, so the run does not also take the arm that contradicts it
             return self._bool_split(expr, frame)
         if split and self._invariant_expr(expr) and not (self.probe and isinstance(v, _Unk) and v.mod is not None):
+            if type(expr) is cst.BooleanOperation and self._known_operand(expr, frame):
+                # ``sync or not isinstance(module, DDP)`` in a helper handed ``sync = (i == N - 1)``: no loop name in
+                # it, but an operand known on this micro-batch did not decide it; the other one selects the
+                # configuration (not the whole, whose truth changes with the known operand)
+                return self._bool_split(expr, frame)
             # (a value computed from a period, ``update_grad`` handed ``(i + 1) % accum == 0``, is no configuration:
             # the probe reads the gate it makes)
             return self._config(expr, frame)
@@ -2339,6 +2390,20 @@ class _Runner:
                 return True
             if self.chain is not None:
                 self.chain_absent.add(got[0])  # read as not fixed: this run may not go on past it (_config)
+        return False
+
+    def _known_operand(self, expr, frame) -> bool:
+        """An operand of the ``and`` / ``or`` with no call in it has a known truth value in this pass."""
+        stack = [expr]
+        while stack:
+            e = stack.pop()
+            if type(e) is cst.BooleanOperation:
+                stack += [e.left, e.right]
+                continue
+            if self.dr.names_calls(e)[1]:
+                continue
+            if _tv(self.ev(e, frame)) is not None:
+                return True
         return False
 
     def _bool_split(self, expr, frame) -> Optional[bool]:
@@ -2715,7 +2780,7 @@ class _Runner:
         q = (xinfo.symbols if xinfo is not None else self.t).qualname(func) or ""
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
-        bstyle = _backward_style(f, call)
+        bstyle = backward_style(call, f, frame.func, self.dr.role)
         if bstyle == "engine-like" and self._callee(call, frame) is not None:
             bstyle = None  # ``self.mp_trainer.backward(loss)`` of a class the project defines: its body says what it does
         if bstyle is not None:
@@ -2761,7 +2826,7 @@ class _Runner:
         if q in CLIP_QUALNAMES or (
                 attr in ("clip_grad_norm_", "clip_grad_value_") and rkind != "engine" and recv is not None
                 and (rkind == "accelerator" or recv.split(".")[-1] in ("utils", "nn_utils", "clip_grad"))) or (
-                attr == "clip_gradients" and recv in ("self", "fabric")):
+                attr == "clip_gradients" and (recv == "self" or rkind == "fabric")):
             own = rkind == "accelerator" or attr == "clip_gradients"
             self.emit("clip", call, scaled=(self.scaled and not own), target=recv or "")
             return UNK
@@ -2832,15 +2897,11 @@ class _Runner:
             elif rkind == "engine":
                 self.emit("zero_grad", call, opt=recv or "", of="engine", confident=conf)
             elif recv is not None and rkind in (None, "ddp"):
-                last = recv.split(".")[-1]
-                if rkind is None and recv in f.kinds:
-                    pass  # a receiver the file binds to something else than a model (no clear of the model's grads)
-                elif rkind is None and "optim" in last.lower():
-                    # known by its name only: a hint that it is an optimizer (its own clear, at low confidence), never
-                    # a reason to drop the call
-                    self.emit("zero_grad", call, opt=recv, of="optimizer", confident=False)
-                else:
-                    self.emit("zero_grad", call, target=recv, of="model")
+                # a model's clear; a receiver of no known role (``self_optim_state.zero_grad()``) may clear the
+                # model's gradients too: recorded as such at low confidence (a finding resting on it is lowered),
+                # never dropped for its name (an optimizer known by its name only is one by roles: the branch above)
+                self.emit("zero_grad", call, target=recv, of="model",
+                          confident=rkind == "ddp" or self.dr.model_like(recv, frame.func))
             return UNK
         if attr in ("no_sync", "no_backward_sync"):
             self.sync_control = True
@@ -2907,6 +2968,10 @@ class _Runner:
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
                     return UNK
+                if attr in _SCALE_METHODS and len(argv) == 1 and len(call.args) == 1 and call.args[0].keyword is None \
+                        and not call.args[0].star:
+                    # ``loss.mul(x)`` / ``loss.div(x)``: the scale of ``loss * x`` / ``loss / x``
+                    return self._binop(_SCALE_METHODS[attr], base, argv[0], call.args[0].value, None)
                 if attr in ("mean", "sum", "float", "half", "to", "squeeze", "view", "reshape", "contiguous",
                             "clone", "cuda", "bfloat16"):
                     return base
@@ -3064,7 +3129,7 @@ class _Runner:
 
     def _closure(self, expr, frame):
         if isinstance(expr, cst.Name):
-            return self.local_defs.get(expr.value) or (self.f.c.module_funcs.get(expr.value) or [None])[0]
+            return self.local_defs.get(expr.value) or (self.f.t.module_funcs.get(expr.value) or [None])[0]
         return None
 
     def _inline(self, fn, args, kws, frame, call):
@@ -3133,7 +3198,7 @@ class _Runner:
         if not self.in_acc and not self.acc_used:
             return True, ""
         f = self.f
-        built_here = recv is not None and recv in f.kinds and recv not in f.prepared and f.prepared
+        built_here = recv is not None and f.prepared and recv not in f.prepared and self._built_here(recv)
         if built_here:
             return True, ""
         # the prepared optimizer reads accelerate's gradient state, which keeps the value the last accumulate()
@@ -3141,6 +3206,16 @@ class _Runner:
         if self.sync is None:
             return None, "sync step unknown"
         return (True, "") if self.sync else (False, "off the sync step")
+
+    def _built_here(self, recv: str) -> bool:
+        """The optimizer / scheduler ``recv`` is built by a known constructor (or DeepSpeed / Fabric hand it back),
+        not by ``accelerator.prepare``."""
+        roles = self.dr.roles
+        try:
+            r = roles.of(recv, self.loop.func) if roles is not None else None
+        except Exception:
+            r = None
+        return r is not None and r.confident and r.by_constructor and r.wrapped_by != "accelerator"
 
     def _backward(self, call, style, recv, frame):
         f = self.f
@@ -3359,7 +3434,7 @@ def _call_graph(dr) -> dict:
     g = dr.__dict__.get("_call_graph")
     if g is None:
         g = {}
-        for call, name, func in dr.f.c.calls:
+        for call, name, func in dr.f.t.calls:
             out = g.setdefault(id(func), set())
             out.add(name.rsplit(".", 1)[-1])
             for a in call.args:

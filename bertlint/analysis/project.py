@@ -778,7 +778,7 @@ class Project:
             return None
         if loops.class_of(func) is not None:
             return None  # a method: its callers are not followed here
-        sites = [(c, f) for c, nm, f in loops.c.calls if nm == func.name.value]
+        sites = [(c, f) for c, nm, f in loops.t.calls if nm == func.name.value]
         if not sites:
             return self._duck_class(name, func)  # called from another file: the class its uses fit, if one
         found = []

@@ -22,8 +22,10 @@ API contract (``ctx.roles`` is a :class:`Roles`, built once per file from ``ctx.
     role.conflicts                         # other roles some evidence pointed at (empty when consistent)
     role.origin                            # the constructor Call that built it (``Accelerator(...)``) followed
                                            # through prepare / factories / call-site arguments; role.origins: all
-    r.legacy_kind("scaler", func)          # (kind, confident) in loops.py's words: "scaler", "engine",
-                                           # "ddp", "ds_optimizer" ... (an adapter for the old receiver kinds)
+    r.legacy_kind("scaler", func)          # (kind, confident) in the loop model's words: "scaler", "engine",
+                                           # "ddp", "ds_optimizer", "model", "other" ...
+    r.receiver_kind("scaler", func)        # the same, (None, False) unless a kind of the training machinery
+                                           # (what the loop discovery and the dry run classify calls by)
     r.role("self.optimizer", method)       # the role string or None (any confidence)
     r.is_("opt_g", "optimizer", func)      # bool; confident=True to ignore name-only roles
     r.all("optimizer")                     # [(scope, path, Role)]: every binding with that role
@@ -623,7 +625,7 @@ class Roles:
         return list(self._loss_forwards.get(id(backward_call), ()))
 
     def legacy_kind(self, target: Any, scope: Scope = None) -> tuple[Optional[str], bool]:
-        """(kind, confident) in ``analysis/loops.py``'s vocabulary: optimizer | scheduler | scaler | accelerator |
+        """(kind, confident) in the loop model's vocabulary: optimizer | scheduler | scaler | accelerator |
         engine | fabric | ddp | ds_optimizer | ds_scheduler | ds_dataloader | model | None."""
         r = self.of(target, scope)
         if r is None:
@@ -634,6 +636,18 @@ class Roles:
             k = "ds_" + k
         k = {"grad_scaler": "scaler", "deepspeed_engine": "engine", "ddp_model": "ddp"}.get(k, k)
         return k, r.confident
+
+    _RECEIVER_KINDS = frozenset({"optimizer", "scheduler", "scaler", "accelerator", "engine", "fabric", "ddp",
+                                 "ds_optimizer", "ds_scheduler", "ds_dataloader"})
+
+    def receiver_kind(self, target: Any, scope: Scope = None) -> tuple[Optional[str], bool]:
+        """(kind, confident) of a call's receiver for the loop model and the dry run: ``legacy_kind`` when it is one
+        of the training machinery's kinds (optimizer | scheduler | scaler | accelerator | engine | fabric | ddp |
+        ds_optimizer | ds_scheduler | ds_dataloader); (None, False) for a model, a data loader, "other" or unknown."""
+        k, conf = self.legacy_kind(target, scope)
+        if k in self._RECEIVER_KINDS:
+            return k, conf
+        return None, False
 
     def class_family(self, cls: Optional[cst.ClassDef], hints: bool = False) -> Optional[str]:
         if cls is None:

@@ -26,7 +26,7 @@ def check(ctx) -> None:
                 f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})",
             )
             continue
-        sgd = any(k == "optimizer" and "SGD" in (_ctor(f, name) or "") for name, k in f.kinds.items())
+        sgd = _sgd(ctx)
         _ga.treport(
             ctx, run, tr, v.event.node,
             f"The loss is not divided by the accumulation factor {_ga.n_shown_t(tr)}{_ga.when(tr)}: {v.message}"
@@ -38,9 +38,9 @@ def check(ctx) -> None:
         )
 
 
-def _ctor(f, name):
-    from bertlint.analysis.symbols import code_of
-
-    for a in f.t.assignments.get(name, []):
-        return code_of(a.value)
-    return None
+def _sgd(ctx) -> bool:
+    """An optimizer of the file is built by an SGD constructor (roles from usage)."""
+    try:
+        return any(r.by_constructor and "SGD" in (r.qualname or "") for _s, _p, r in ctx.roles.all("optimizer"))
+    except Exception:
+        return False

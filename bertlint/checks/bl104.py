@@ -15,6 +15,7 @@ import libcst as cst
 
 from bertlint import trace as T
 from bertlint.analysis.walk import scope_nodes as walk
+from bertlint.analysis import accum
 from bertlint.analysis.symbols import code_of, dotted, kwarg
 from bertlint.checks import _ga
 from bertlint.registry import rule
@@ -90,14 +91,14 @@ def _lightning(ctx, f) -> None:
         text = code_of(cls)
         if "automatic_optimization = False" in text or "automatic_optimization=False" in text:
             continue
-        meth = f.c.class_methods.get(cname, {}).get("training_step")
+        meth = f.t.class_methods.get(cname, {}).get("training_step")
         if meth is None:
             continue
         for node in _divs(meth):
             right = node.right
             rt = code_of(right).strip()
             same = rt == k.text or (k.value is not None and f.r.int_value(right) == k.value)
-            if not same and not f.is_accum_expr(right):
+            if not same and not accum.is_accum_name(rt):
                 continue
             # the divisor is the Trainer's setting (same expression or value); by its name alone it is a hint: a
             # warning that says so, never an error

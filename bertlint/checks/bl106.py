@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from bertlint.analysis.loops import ACCUM_RE
+from bertlint.analysis.accum import ACCUM_RE
 from bertlint.checks import _ga
 from bertlint.registry import rule
 from bertlint.types import Severity

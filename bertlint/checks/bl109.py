@@ -35,7 +35,7 @@ def check(ctx) -> None:
     f = ctx.loops
     if not f.accelerator_calls:
         return
-    accel_names = [n for n, k in f.kinds.items() if k == "accelerator"]
+    accel_names = sorted({p for _s, p, r in ctx.roles.all("accelerator") if r.confident})
     accel = accel_names[0] if len(accel_names) == 1 else "accelerator"
     ds_on, ds_reason = _launcher_deepspeed(ctx)
     done: set = set()
@@ -131,15 +131,16 @@ def _prepared_before(ctx, f, loop) -> bool:
     the loop trains the model before anything prepared it)."""
     from bertlint.analysis.symbols import dotted
 
-    accels = {n for n, k in f.kinds.items() if k == "accelerator"}
     start, end = ctx.span(loop.node)
     seen = False
     for c in ctx.index.of(cst.Call):
         fn = c.func
-        if not isinstance(fn, cst.Attribute) or fn.attr.value != "prepare" or dotted(fn.value) not in accels:
+        if not isinstance(fn, cst.Attribute) or fn.attr.value != "prepare":
             continue
-        seen = True
         scope = next((a for a in ctx.index.ancestors(c) if isinstance(a, cst.FunctionDef)), None)
+        if f.receiver_kind(dotted(fn.value), scope)[0] != "accelerator":
+            continue  # (an Accelerator by roles from usage)
+        seen = True
         if scope is not loop.func:
             return True
         at = ctx.span(c)[0]

@@ -9,13 +9,11 @@ loop. Summing the losses of one micro-batch (several tasks, heads or objectives)
 
 A sum over an inner loop is over micro-batches by usage when the loop runs N times (``range(N)``, N the run's
 accumulation factor), iterates the training loader, or the chunks of the batch (``batch.chunk(N)``,
-``torch.split(...)``): then it is reported whatever the loop's names say. Otherwise only names hint at it: a header
-naming batches / micro-batches (``for micro, batch in enumerate(batches)``) gives an info, one naming tasks, heads
-or objectives nothing (names lower a severity; they never make or veto a finding by usage)."""
+``torch.split(...)``): then it is reported whatever the loop's names say. Otherwise nothing says its iterations are
+micro-batches (a loop over the tasks / heads / objectives of one step sums one objective), and it is not reported:
+a loop's names (``for micro, batch in ...``) never make a finding."""
 
 from __future__ import annotations
-
-import re
 
 import libcst as cst
 
@@ -23,15 +21,6 @@ from bertlint.analysis.symbols import code_of
 from bertlint.checks import _ga
 from bertlint.registry import rule
 from bertlint.types import Severity
-
-_BATCHY = re.compile(r"batch|loader|micro|window|chunk|\bdl\b|data|accum", re.IGNORECASE)
-
-
-# an inner loop over tasks / objectives / heads / layers / domains / languages sums *different* losses of one
-# step (multi-task training), not the micro-batches of one window: that is the model's objective, not deferred
-# accumulation, even when its items are called ``batch``.
-_NOT_MICRO = re.compile(r"task|objective|head|layer|domain|lang|modal|loss_fn|criteri", re.IGNORECASE)
-
 
 def _loader_items(run) -> set:
     """Names the training loop binds to what its loader yields (``for micro_batches in windows:``)."""
@@ -79,34 +68,17 @@ def _micro_loop_by_usage(node, tr, run) -> bool:
     return bool(tr.loader_text) and code_of(it).strip() == tr.loader_text
 
 
-def _hint(node) -> str:
-    """What the inner loop's header says by its names alone: "batch", "task" or ""."""
-    if not isinstance(node, cst.For):
-        return ""
-    text = code_of(node.target) + " " + code_of(node.iter)
-    if _NOT_MICRO.search(text):
-        return "task"
-    return "batch" if _BATCHY.search(text) else ""
-
-
 @rule("BL113", "deferred-backward", Severity.WARNING, "losses summed over the window and one backward() at its end")
 def check(ctx) -> None:
     for run, v, tr in _ga.violations(ctx, "BL113", _ga.PLAIN_OWNERS + ("accelerate", "deepspeed")):
         e = v.event
         loop = e.meta.get("graph_loop")
-        sev = {}
-        note = ""
         if loop is not None and not _micro_loop_by_usage(loop, tr, run):
-            if _hint(loop) != "batch":
-                continue  # nothing says its iterations are micro-batches (a loop over tasks / heads: one objective)
-            sev = {"severity": Severity.INFO}
-            note = (f" (that `{code_of(loop.target)}` iterates micro-batches is read from the loop's names only: it "
-                    "neither runs N times nor iterates the loader or a batch's chunks)")
+            continue  # nothing says its iterations are micro-batches (a loop over tasks / heads: one objective)
         target = e.text.split(".backward")[0] if ".backward" in e.text else "the summed loss"
         _ga.treport(
             ctx, run, tr, e.node,
             f"`{target}` sums the losses of the whole window and `backward()` runs once at its end{_ga.when(tr)}: "
-            f"{v.message}, so accumulation saves no memory{note}. Call `(loss / N).backward()` on each micro-batch and "
+            f"{v.message}, so accumulation saves no memory. Call `(loss / N).backward()` on each micro-batch and "
             f"keep the running total as a float (`loss.item()`) for logging.",
-            **sev,
         )
