@@ -7,7 +7,10 @@ there is something to say). Here the class statement only records the decorator'
 ``__init__`` (and a ``__setstate__``, for an instance unpickled in a process that made none) that, the first time an
 instance is made, runs the standard ``dataclasses.dataclass`` on the class, in place, bases first, and removes itself.
 From then on the class is exactly what ``@dataclasses.dataclass(...)`` makes (``fields``, ``replace``,
-``asdict``, equality, hashing, ordering and frozenness included).
+``asdict``, equality, hashing, ordering and frozenness included), plus a ``__new__`` that is ``object.__new__`` without
+the constructor's arguments: until the generated ``__init__`` is in place, a first instance made by another thread
+waits in it for the processing to end (a class with no ``__init__`` of its own for that moment would reject its
+arguments).
 
 Only for classes whose first use is an instance: ``dataclasses.fields(cls)`` / ``is_dataclass(cls)`` on a class that
 has no instance yet see no fields (call :func:`materialise` first). ``slots=True`` makes a new class, so it is
@@ -101,12 +104,19 @@ def materialise(cls: type) -> type:
                 params = k.__dict__.get(_PENDING)
                 if params is None:
                     continue  # another thread got here first
-                for name, stub in k.__dict__[_STUBS].items():
-                    if k.__dict__.get(name) is stub:
+                stubs = k.__dict__[_STUBS]
+                for name, stub in stubs.items():
+                    if name != "__new__" and k.__dict__.get(name) is stub:
                         delattr(k, name)
+                _process(k, params)
+                # only now: until the generated __init__ is in place, a first instance made by another thread goes
+                # through the stub __new__, which waits here on the lock. It is then replaced, not deleted: CPython
+                # keeps a class whose __new__ was assigned on its slot wrapper, and object.__new__ reached through it
+                # rejects the constructor's arguments
+                if k.__dict__.get("__new__") is stubs.get("__new__"):
+                    k.__new__ = staticmethod(_plain_new)
                 delattr(k, _STUBS)
                 delattr(k, _PENDING)
-                _process(k, params)
     return cls
 
 
@@ -120,6 +130,13 @@ def materialise_all(module_names=None) -> None:
         for v in list(vars(mod).values()):
             if isinstance(v, type) and _PENDING in v.__dict__:
                 materialise(v)
+
+
+def _plain_new(cls, *args, **kwargs):
+    return object.__new__(cls)
+
+
+_plain_new._bertlint_stub = True
 
 
 def _stubs(c: type) -> dict:
@@ -137,8 +154,18 @@ def _stubs(c: type) -> dict:
         for k, v in (slots or {}).items():
             object.__setattr__(self, k, v)
 
+    def __new__(cls, *args, **kwargs):  # waits for another thread's processing of the class (see materialise)
+        materialise(cls)
+        return object.__new__(cls)
+
     __init__.__qualname__ = f"{c.__qualname__}.__init__"
-    return {"__init__": __init__, "__setstate__": __setstate__}
+    __new__.__qualname__ = f"{c.__qualname__}.__new__"
+    out = {"__init__": __init__, "__setstate__": __setstate__}
+    __new__._bertlint_stub = True
+    inherited = c.__new__  # object's, or a pending base's stub: safe to stand in front of
+    if "__new__" not in c.__dict__ and (inherited is object.__new__ or getattr(inherited, "_bertlint_stub", False)):
+        out["__new__"] = staticmethod(__new__)
+    return out
 
 
 def dataclass(cls=None, /, **params):
