@@ -3576,7 +3576,7 @@ def _prepared_model(dr) -> bool:
         fn = call.func
         if not isinstance(fn, cst.Attribute) or fn.attr.value not in ("prepare", "prepare_model"):
             continue
-        func = next((a for a in dr.ctx.index.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+        func = _func_of(dr, call)
         recv = dotted(fn.value)
         if recv is None or dr.role(recv, func)[0] != "accelerator":
             continue

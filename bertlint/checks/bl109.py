@@ -129,16 +129,12 @@ def _prepared_before(ctx, f, loop) -> bool:
     callers'), one before the loop in the loop's own scope, or one inside the loop. False when every prepare is in
     the loop's scope and after it (a notebook's plain PyTorch loop in cell 14, the Accelerator version in cell 17:
     the loop trains the model before anything prepared it)."""
-    from bertlint.analysis.symbols import dotted
-
-    start, end = ctx.span(loop.node)
+    end = ctx.span(loop.node)[1]
     seen = False
-    for c in ctx.index.of(cst.Call):
-        fn = c.func
-        if not isinstance(fn, cst.Attribute) or fn.attr.value != "prepare":
+    for c, name, scope in f.t.calls:  # (the symbol table's calls, each with its enclosing function)
+        if not name.endswith(".prepare") or not isinstance(c.func, cst.Attribute):
             continue
-        scope = next((a for a in ctx.index.ancestors(c) if isinstance(a, cst.FunctionDef)), None)
-        if f.receiver_kind(dotted(fn.value), scope)[0] != "accelerator":
+        if f.receiver_kind(name.rsplit(".", 1)[0], scope)[0] != "accelerator":
             continue  # (an Accelerator by roles from usage)
         seen = True
         if scope is not loop.func:

@@ -121,17 +121,7 @@ def check(ctx) -> None:
 
 def _imports_unsloth(ctx) -> bool:
     """The module imports unsloth (which patches trl's trainers when imported)."""
-    if "unsloth" not in ctx.source:
-        return False
-    from bertlint.analysis.symbols import dotted
-
-    for node in ctx.index.of(cst.Import):
-        if any((dotted(a.name) or "").split(".")[0] == "unsloth" for a in node.names):
-            return True
-    for node in ctx.index.of(cst.ImportFrom):
-        if not node.relative and node.module is not None and (dotted(node.module) or "").split(".")[0] == "unsloth":
-            return True
-    return False
+    return "unsloth" in ctx.symbols.imported_modules
 
 
 def _trl_trainer(ctx, ti) -> bool:
