@@ -129,7 +129,6 @@ def _prepared_before(ctx, f, loop) -> bool:
     callers'), one before the loop in the loop's own scope, or one inside the loop. False when every prepare is in
     the loop's scope and after it (a notebook's plain PyTorch loop in cell 14, the Accelerator version in cell 17:
     the loop trains the model before anything prepared it)."""
-    end = ctx.span(loop.node)[1]
     seen = False
     for c, name, scope in f.t.calls:  # (the symbol table's calls, each with its enclosing function)
         if not name.endswith(".prepare") or not isinstance(c.func, cst.Attribute):
@@ -139,10 +138,51 @@ def _prepared_before(ctx, f, loop) -> bool:
         seen = True
         if scope is not loop.func:
             return True
-        at = ctx.span(c)[0]
-        if (at.row, at.column) < (end.row, end.column):
+        if _starts_before_end(ctx, c, loop.node):
             return True  # before the loop ends: before it, or inside it
     return not seen
+
+
+def _starts_before_end(ctx, node, loop) -> bool:
+    """Does ``node`` start before ``loop`` ends (``span(node)[0] < span(loop)[1]``)? Decided from the tree instead
+    of the positions (which regenerate the code of the enclosing top-level statement, most of a script's ``main()``):
+    two nodes of one tree never overlap partially, so ``node`` starts before ``loop`` ends exactly when it is inside
+    ``loop``, holds it, or comes before it in source order, i.e. when under their lowest common ancestor the child
+    leading to ``node`` comes first (``walk.children`` lists children in source order; a node starting where the
+    loop ends comes after it). A node the index cannot place falls back to the positions."""
+    from bertlint.analysis.walk import children
+
+    parent = ctx.index.parent
+    up: dict = {}  # id(ancestor of loop, loop included) -> the child of it on the way to loop
+    n, below = loop, None
+    while n is not None:
+        up[id(n)] = below
+        n, below = parent(n), n
+    if id(node) in up:
+        return True  # node holds the loop (or is it)
+    n = node
+    while n is not None:
+        p = parent(n)
+        if p is None:
+            break
+        if id(p) in up:
+            b = up[id(p)]
+            if b is None:
+                return True  # p is the loop: node is inside it
+            kids = children(p)
+            i = j = -1
+            for k, x in enumerate(kids):
+                if x is n:
+                    i = k
+                elif x is b:
+                    j = k
+            if i >= 0 and j >= 0:
+                return i < j
+            break
+        n = p
+    end = ctx.span(loop)[1]
+    at = ctx.span(node)[0]
+    return (at.row, at.column) < (end.row, end.column)
 
 
 def _hand_gate(tr):
