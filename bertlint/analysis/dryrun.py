@@ -265,6 +265,8 @@ class FileDryRun:
         except Exception:  # roles unavailable: the loop model's receiver table alone
             self.roles = None
         self._inside: dict = {}
+        self.call_facts: dict = {}  # (id(call), id(function), inlined) -> facts of the call (``_Runner._call``)
+        self.callees: dict = {}  # (id(call), id(function), id(class)) -> the function it runs (``_Runner._callee``)
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
@@ -2774,13 +2776,23 @@ class _Runner:
         is_attr = type(func) is cst.Attribute  # an exact type test: isinstance through ABCMeta is slow
         attr = func.attr.value if is_attr else None
         recv_node = func.value if is_attr else None
-        recv = dotted(recv_node) if recv_node is not None else None
-        name = call_name(call) or ""
-        xinfo = project.info_of(frame.func) if self.depth else None
-        q = (xinfo.symbols if xinfo is not None else self.t).qualname(func) or ""
+        # facts of the call node in its function, the same on every pass of every run over it (the dotted
+        # receiver, the qualified name by the symbol table of the module it is in, and how it backpropagates by the
+        # receiver's role, which ``FileDryRun.role`` memoizes): computed once per (call, function)
+        memo = self.dr.call_facts
+        key = (id(call), id(frame.func), self.depth > 0)
+        hit = memo.get(key)
+        if hit is not None and hit[0] is call and hit[1] is frame.func:
+            recv, name, q, bstyle = hit[2]
+        else:
+            recv = dotted(recv_node) if recv_node is not None else None
+            name = call_name(call) or ""
+            xinfo = project.info_of(frame.func) if self.depth else None
+            q = (xinfo.symbols if xinfo is not None else self.t).qualname(func) or ""
+            bstyle = backward_style(call, f, frame.func, self.dr.role)
+            memo[key] = (call, frame.func, (recv, name, q, bstyle))
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
-        bstyle = backward_style(call, f, frame.func, self.dr.role)
         if bstyle == "engine-like" and self._callee(call, frame) is not None:
             bstyle = None  # ``self.mp_trainer.backward(loss)`` of a class the project defines: its body says what it does
         if bstyle is not None:
@@ -3119,8 +3131,18 @@ class _Runner:
         return args, kws
 
     def _callee(self, call, frame):
-        f = self.f
-        fn = f.callee(call, frame.func, frame.cls)
+        # the same-file / sibling function a call runs is a fact of the call in its function and class (the loop
+        # model's tables, the project's modules): asked on every pass over the call, computed once (the memo holds
+        # the nodes, so their ids stay unique)
+        memo = self.dr.callees
+        func, cls = frame.func, frame.cls
+        key = (id(call), id(func), id(cls))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is call and hit[1] is func and hit[2] is cls:
+            fn = hit[3]
+        else:
+            fn = self.f.callee(call, func, cls)
+            memo[key] = (call, func, cls, fn)
         if fn is not None:
             return fn
         if type(call.func) is cst.Name:
