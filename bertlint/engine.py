@@ -293,6 +293,10 @@ def _comment_suppresses(text: Optional[str], code: str) -> bool:
 def filter_suppressed(diags: list[Diagnostic], source: str) -> list[Diagnostic]:
     if "#" not in source:
         return diags
+    if _NOQA.search(source) is None and _BL_IGNORE.search(source) is None:
+        # a finding is suppressed only by a comment that matches one of the two patterns, and each row's comment
+        # is a piece of the text (one comment per physical line): no match in the text, nothing to tokenize
+        return diags
     c = _Comments(source)
     return [d for d in diags if not c.suppressed(d)]
 

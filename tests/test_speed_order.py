@@ -95,3 +95,23 @@ def test_tree_order_agrees_with_positions():
             at = ctx.span(c)[0]
             assert _starts_before_end(ctx, c, loop) == ((at.row, at.column) < (end.row, end.column)), (
                 cst.Module([]).code_for_node(c), cst.Module([]).code_for_node(loop)[:30])
+
+
+# Suppression: a text with no ``# noqa`` / ``# bertlint: ignore[...]`` anywhere is not tokenized (nothing in it can
+# suppress); the look-alikes below still are, and decide as before.
+
+
+def _with_comment_on_backward(comment: str) -> str:
+    return _script("before").replace("        loss.backward()\n", f"        loss.backward()  {comment}\n")
+
+
+def test_noqa_comment_still_suppresses():
+    assert _bl109(_with_comment_on_backward("# NoQA: BL109")) == []
+    assert _bl109(_with_comment_on_backward("# bertlint: ignore[BL1]")) == []
+
+
+def test_noqa_in_a_string_or_for_another_code_does_not_suppress():
+    src = _script("before").replace("        loss.backward()\n", '        loss.backward(); s = "# noqa"\n')
+    assert len(_bl109(src)) == 1
+    assert len(_bl109(_with_comment_on_backward("# noqa: BL2"))) == 1
+    assert len(_bl109(_with_comment_on_backward("# a comment"))) == 1
