@@ -73,8 +73,8 @@ class FileContext:
         """Grad mode, model forwards, backward reachability and loop data flow (``bertlint/analysis/evalflow.py``)."""
         from bertlint.analysis import evalflow
 
-        self.index
-        return evalflow.EvalFlow(self.module, self.symbols, self.filename)
+        index = self.index
+        return evalflow.EvalFlow(self.module, self.symbols, self.filename, parents=index._parents)
 
     @cached_property
     def index(self) -> "NodeIndex":

@@ -248,6 +248,68 @@ def _walk(flow: "EvalFlow", root: cst.Module) -> None:
             stack.append((k, node, inner))
 
 
+def _walk_indexed(flow: "EvalFlow", root: cst.Module, parents: dict) -> None:
+    """``_walk`` for a module ``FileContext.index`` has walked already: its parents map (the same one, node for node:
+    both walks read ``children``) is taken as is instead of being built again, and the children lists come from its
+    cache. Everything else is recorded exactly as ``_walk`` records it (same pre-order, same maps and lists)."""
+    order, end, scope_of = flow.order.d, flow.end.d, flow.scope.d
+    flow.parent.d = parents
+    calls, loops, withs, functions = flow.calls, flow.loops, flow.withs, flow.functions
+    calls_by_final, assigns, names, returns = flow.calls_by_final, flow.assigns, flow.names, flow.returns
+    n = 0
+    stack: list = [(root, None)]
+    pop, push = stack.pop, stack.append
+    leave = _LEAVE
+    Call, Name, With, FunctionDef = cst.Call, cst.Name, cst.With, cst.FunctionDef
+    loop_t, assign_t, ret_t = _LOOP_T, _ASSIGN_T, _RET_T
+    cached = _walk_cache()
+    while stack:
+        node, scope = pop()
+        if scope is leave:
+            end[id(node)] = n - 1
+            continue
+        key = id(node)
+        order[key] = n
+        n += 1
+        tp = type(node)
+        inner = scope
+        if tp is Name:  # (the type tests exclude each other: the most frequent first)
+            names.setdefault(scope, []).append(node)
+        elif tp is Call:
+            calls.append(node)
+            scope_of[key] = scope
+            nm = final(call_name(node))
+            if nm:
+                calls_by_final.setdefault(nm, []).append(node)
+        elif tp in loop_t:
+            loops.append(node)
+            scope_of[key] = scope
+        elif tp is With:
+            withs.append(node)
+            scope_of[key] = scope
+        elif tp in assign_t:
+            scope_of[key] = scope
+            assigns.setdefault(scope, []).append(node)
+        elif tp in ret_t:
+            returns.setdefault(scope, []).append(node)
+        elif tp is FunctionDef:
+            scope_of[key] = scope
+            functions.append(node)
+            inner = node
+        push((node, leave))
+        kids = cached(key)
+        if kids is None:
+            kids = children(node)
+        for k in reversed(kids):
+            push((k, inner))
+
+
+def _walk_cache():
+    from bertlint.analysis import walk as _w
+
+    return _w._CACHE.get
+
+
 class _IdMap:
     """A dict keyed by node identity (libcst's ``__hash__`` is a Python-level call)."""
 
@@ -280,7 +342,8 @@ _LEAVE = _Leave()
 
 
 class EvalFlow:
-    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "") -> None:
+    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "", parents: Optional[dict] = None) -> None:
+        """``parents``: the parents map of ``FileContext.index`` for this module (then its walk is not repeated)."""
         self.module = module
         self.symbols = symbols
         self.filename = filename
@@ -296,7 +359,10 @@ class EvalFlow:
         self.assigns: dict[Scope, list[cst.CSTNode]] = {}
         self.names: dict[Scope, list[cst.Name]] = {}
         self.returns: dict[Scope, list[cst.CSTNode]] = {}
-        _walk(self, module)
+        if parents is not None:
+            _walk_indexed(self, module, parents)
+        else:
+            _walk(self, module)
         self._call_orders = [self.order[c] for c in self.calls]
         self._grad_memo: dict[int, str] = {}
         self._fn_backward: dict[int, Optional[bool]] = {}
