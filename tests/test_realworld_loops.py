@@ -220,3 +220,53 @@ def test_bl106_length_divided_by_the_per_gpu_batch_still_flagged():
         "args.n_gpu * args.gradient_accumulation_steps\n", "args.n_gpu\n")
     assert _units_of_schedule_length(src) == "micro-batches"
     assert "BL106" in codes(src)
+
+
+# --- BL113: what an optimizer wrapper's backward(loss) returns carries no graph (the backward freed it).
+WRAPPER_BACKWARD_RESULT = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, optimizer, loss_fn, parts):
+        self.model, self.optimizer, self.loss_fn, self.parts = model, optimizer, loss_fn, parts
+
+    def train(self, loader):
+        for batch in loader:
+            self.step(batch)
+
+    def step(self, data):
+        chunks = [data[i::self.parts] for i in range(self.parts)]
+        self.optimizer.zero_grad()
+        total = 0
+        for i, sub in enumerate(chunks):
+            loss = self.loss_fn(self.model, sub) / len(chunks)
+            if i == 0:
+                loss_scale, value = self.optimizer.backward(loss)
+            else:
+                value = loss.float().detach().item()
+                loss = loss.float() * loss_scale
+                loss.backward()
+            total += value
+        self.optimizer.step()
+"""
+
+
+def test_wrapper_backward_result_carries_no_graph():
+    assert codes(WRAPPER_BACKWARD_RESULT) == []
+
+
+def test_loss_summed_over_chunks_then_one_backward_still_flagged():
+    src = WRAPPER_BACKWARD_RESULT.replace(
+        """            if i == 0:
+                loss_scale, value = self.optimizer.backward(loss)
+            else:
+                value = loss.float().detach().item()
+                loss = loss.float() * loss_scale
+                loss.backward()
+            total += value
+        self.optimizer.step()""",
+        """            total = total + loss
+        total.backward()
+        self.optimizer.step()""").replace("[data[i::self.parts] for i in range(self.parts)]", "data.chunk(self.parts)")
+    assert "BL113" in codes(src)

@@ -2965,6 +2965,10 @@ class _Runner:
                 return t
             return self._fresh(call, argv)
         if type(func) is cst.Attribute:
+            if attr == "backward" and not isinstance(base, Tensor):
+                # what a wrapper's ``backward(loss)`` returns (``loss_scale, loss_value = optimizer.backward(loss)``)
+                # carries no graph a later backward could use: the backward freed the loss's graph
+                return UNK
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
                     return UNK
