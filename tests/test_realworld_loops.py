@@ -270,3 +270,55 @@ def test_loss_summed_over_chunks_then_one_backward_still_flagged():
         total.backward()
         self.optimizer.step()""").replace("[data[i::self.parts] for i in range(self.parts)]", "data.chunk(self.parts)")
     assert "BL113" in codes(src)
+
+
+# --- BL103: a loss normalised by its own micro-batch's token count is still a mean: N of them sum to N means.
+TOKEN_MEAN_LOSS = """
+import torch
+
+
+def token_loss(model, input_ids, label_mask):
+    logits = model(input_ids).logits
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids, reduction="none") * label_mask
+    return torch.sum(losses, axis=1) / torch.sum(label_mask, axis=1)
+
+
+def train(model, optimizer, loader, accum_steps):
+    step = 0
+    for input_ids, label_mask in loader:
+        step += 1
+        loss = token_loss(model, input_ids, label_mask).mean()
+        loss.backward()
+        if step % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_per_micro_batch_token_mean_without_one_over_n_is_flagged():
+    assert "BL103" in codes(TOKEN_MEAN_LOSS)
+
+
+def test_per_micro_batch_token_mean_divided_by_n_is_silent():
+    src = TOKEN_MEAN_LOSS.replace("loss.backward()", "(loss / accum_steps).backward()")
+    assert "BL103" not in codes(src)
+
+
+def test_loss_over_the_windows_token_count_is_not_taken_for_a_mean():
+    # the divisor counts the tokens of the whole window, computed before its micro-batches: a correct normalisation
+    src = """
+import torch
+
+
+def train(model, optimizer, windows):
+    for window in windows:
+        n_tokens = sum(int(m.sum()) for _, m in window)
+        for input_ids, label_mask in window:
+            logits = model(input_ids).logits
+            losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids, reduction="none")
+            loss = (losses * label_mask).sum() / n_tokens
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+    assert "BL103" not in codes(src)
