@@ -355,3 +355,22 @@ def test_config_class_attribute_of_one_means_no_accumulation():
 
 def test_config_class_attribute_above_one_is_read_as_n():
     assert {"BL103", "BL112"} <= set(codes(CFG_CLASS.replace("accum_steps = 1", "accum_steps = 4")))
+
+
+def test_loss_divided_by_its_own_batch_size_is_still_a_mean():
+    src = """
+import torch
+
+
+def train(model, optimizer, loader, args):
+    for step, batch in enumerate(loader):
+        pre_loss = model(**batch)[0]
+        loss = pre_loss.sum() / pre_loss.shape[0]
+        loss.backward()
+        if (step + 1) % args.accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+    assert "BL103" in codes(src)
+    assert "BL103" in codes(src.replace("pre_loss.shape[0]", "pre_loss.size(0)"))
+    assert "BL103" not in codes(src.replace("pre_loss.shape[0]", "(pre_loss.shape[0] * args.accum)"))
