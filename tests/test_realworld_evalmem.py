@@ -517,7 +517,7 @@ def test_pytest_test_function_single_forward_is_not_an_evaluation():
     # a test* method of a class pytest does not collect (no Test prefix) stays reported
     diags = lint_text(textwrap.dedent(src).replace("class TestForward", "class Forward"), "test_model.py",
                       Settings())
-    assert [(d.code, d.start.row) for d in diags if d.code in CODES] == [("BL502", 16)]
+    assert [(d.code, d.start.row) for d in diags if d.code in CODES] == [("BL502", 21)]
 
 
 def test_tensors_collected_in_a_module_forward_are_the_models_computation():
