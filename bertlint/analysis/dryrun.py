@@ -989,6 +989,9 @@ def _counter_methods(dr, taken: set) -> list:
             continue  # the backward in the method itself (the symbol table's list of backward calls)
         if id(fn) in taken or id(fn) in called or id(fn) in stepping:
             continue
+        if any(type(n) in (cst.For, cst.While) and f._has_backward(n.body, cls, 0, set(), fn) for n in _walk(fn.body)):
+            continue  # the backward runs in a loop of the method's own (an inner accumulation loop per call, a
+            # GAN's critic / generator windows): that loop is one of the file's loops, not one call per micro-batch
         gated = False
         for n in _walk(fn.body):
             if type(n) in (cst.If, cst.Assign):
@@ -1156,6 +1159,43 @@ def _set_as_n(f, text: str) -> bool:
             memo.add(code_of(n).strip())
         f.__dict__["_ga_settings"] = memo
     return text in memo
+
+
+_CLIP_NAME = re.compile(r"(^|_)clip(_|$)|clip_?grad|grad_?clip", re.I)
+
+
+def _clip_by_name(call, func) -> bool:
+    """A call of a function held in a variable or attribute named like a gradient clipper (``clip_grad_fun``,
+    ``grad_clipper``), handed the parameters (``parameters=model.parameters()`` or the first argument)."""
+    if type(func) is cst.Attribute:
+        name = func.attr.value
+    elif type(func) is cst.Name:
+        name = func.value
+    else:
+        return False
+    if name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_gradients") or not _CLIP_NAME.search(name):
+        return False  # the library's own names are the caller's (its roles decide)
+    for a in call.args:
+        v = a.value
+        if type(v) is cst.Call and type(v.func) is cst.Attribute and v.func.attr.value in ("parameters",
+                                                                                         "named_parameters"):
+            return True
+        if a.keyword is not None and a.keyword.value in ("parameters", "params") :
+            return True
+    return False
+
+
+def _feature_dim(node) -> bool:
+    """``x.size(k)`` / ``x.shape[k]`` with a literal k >= 1: the size of a tensor along a non-batch dimension."""
+    if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "size" and \
+            len(node.args) == 1 and node.args[0].keyword is None:
+        k = _literal_int(node.args[0].value)
+        return k is not None and k >= 1
+    if type(node) is cst.Subscript and type(node.value) is cst.Attribute and node.value.attr.value == "shape" and \
+            len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
+        k = _literal_int(node.slice[0].slice.value)
+        return k is not None and k >= 1
+    return False
 
 
 def _literal_int(e) -> Optional[int]:
@@ -2751,6 +2791,11 @@ class _Runner:
             return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
         if power > 0 and isinstance(v, _Unk) and v.inv:
             return T.Factor(T.WEIGHT, text, power=power, node=whole)  # ``loss * args.alpha``
+        if power > 0 and _feature_dim(node):
+            # ``loss.mean() * batch['targets'].size(1)``: a count along a non-batch dimension (labels, classes, a
+            # sequence) scales each micro-batch's mean alike and does not change with N (dimension 0 would turn
+            # the mean into a per-sample sum, whose window weight is unknown: OTHER)
+            return T.Factor(T.WEIGHT, text, power=power, node=whole)
         return T.Factor(T.OTHER, text, power=power, node=whole)
 
     def _compare(self, e: cst.Comparison, frame):
@@ -2924,6 +2969,12 @@ class _Runner:
                 args, kws = self._args(call, frame, argv)
                 return self._inline(fn, args, kws, frame, call)
             return Tensor(T.Scale(), True, call)
+        if _clip_by_name(call, func):
+            # ``self.clip_grad_fun(parameters=model.parameters())``: a clipping function the script built elsewhere
+            # (a builder of another module, a config choice) handed the model's parameters: a clip, known by its
+            # name and its argument only (a finding resting on it is lowered a severity)
+            self.emit("clip", call, scaled=self.scaled, target=self.dr.code(func), confident=False)
+            return UNK
         # values
         if type(func) is cst.Name:
             nm = func.value
@@ -2963,7 +3014,7 @@ class _Runner:
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
                 return t
-            return self._fresh(call, argv)
+            return self._handed_n(call, argv)
         if type(func) is cst.Attribute:
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
@@ -2988,8 +3039,18 @@ class _Runner:
                         "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
                         "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
                 return UNK
-            return self._fresh(call, argv)
+            return self._handed_n(call, argv)
         return UNK
+
+    def _handed_n(self, call, argv) -> Tensor:
+        """The output of a call the trace does not model (``_fresh``). When the call is handed the accumulation
+        factor itself (``batch.normalize(loss, n_accumulation=self.args.batch_multiplier)``, a method of another
+        module's object), it may divide by it: the result's scale holds a factor of unknown value, so no rule claims
+        a missing (or a doubled) ``/ N`` from it."""
+        t = self._fresh(call, argv)
+        if t.graph and any(isinstance(v, Num) and v.is_n for v in argv):
+            t.scale = T.Scale((T.Factor(T.OTHER, f"{self.dr.code(call.func)}() is handed {self.n_text}"),))
+        return t
 
     def _ds_config_n(self, scale, frame) -> Optional[str]:
         """The text of a user ``/ N`` whose N is read from the DeepSpeed config the Accelerator runs with
@@ -3735,7 +3796,30 @@ def _merge_arms(now: dict, before: dict, arm1: dict, stored1: set, stored2: set)
         if isinstance(v1, DictVal) and v1 is v2:
             now[k] = v1
             continue
+        w = _weight_only_join(v1, v2)
+        if w is not None:
+            now[k] = w
+            continue
         now[k] = Tensor(None, True) if isinstance(v1, Tensor) or isinstance(v2, Tensor) else UNK
+
+
+def _weight_only_join(v1, v2) -> Optional[Tensor]:
+    """Two losses whose scales differ only by weights that do not change with N (``itm + lam * ot`` on one path,
+    ``loss.mean()`` on the other): the same accumulation and loss-scaler factors on both paths, times a weight of
+    unknown value. None when they differ otherwise (an unknown factor, another power of N, a graph on one only)."""
+    if not (isinstance(v1, Tensor) and isinstance(v2, Tensor)) or v1.scale is None or v2.scale is None:
+        return None
+    if v1.graph != v2.graph or not v1.graph:
+        return None
+    keep = (T.ACCUM_USER, T.ACCUM_FRAMEWORK, T.SCALER)
+    a = [f for f in v1.scale.factors if f.kind in keep]
+    b = [f for f in v2.scale.factors if f.kind in keep]
+    if any(f.kind == T.OTHER for f in v1.scale.factors + v2.scale.factors):
+        return None
+    if sorted((f.kind, f.power, f.text) for f in a) != sorted((f.kind, f.power, f.text) for f in b):
+        return None
+    return Tensor(T.Scale(tuple(b) + (T.Factor(T.WEIGHT, "a weight that differs between the branches"),)), True,
+                  v1.node if v1.node is v2.node else None, v1.since if v1.since == v2.since else None)
 
 
 def _loader_texts(ld, dr) -> set:
