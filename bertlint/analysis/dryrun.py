@@ -1164,6 +1164,15 @@ def _set_as_n(f, text: str) -> bool:
 _CLIP_NAME = re.compile(r"(^|_)clip(_|$)|clip_?grad|grad_?clip", re.I)
 
 
+def _no_sync_call(e) -> bool:
+    return type(e) is cst.Call and type(e.func) is cst.Attribute and e.func.attr.value in ("no_sync", "no_backward_sync")
+
+
+def _null_ctx(e) -> bool:
+    """``nullcontext()`` / ``contextlib.nullcontext()`` / ``suppress()``: a context manager that does nothing."""
+    return type(e) is cst.Call and not e.args and (call_name(e) or "").split(".")[-1] in ("nullcontext", "suppress")
+
+
 def _clip_by_name(call, func) -> bool:
     """A call of a function held in a variable or attribute named like a gradient clipper (``clip_grad_fun``,
     ``grad_clipper``), handed the parameters (``parameters=model.parameters()`` or the first argument)."""
@@ -2058,6 +2067,10 @@ class _Runner:
         nograd = False
         for item in stmt.items:
             e = item.item
+            if type(e) is cst.IfExp:
+                e = self._ctx_arm(e, frame)  # ``with model.no_sync() if use_ddp() else nullcontext():``
+                if e is None:
+                    continue  # the null context: nothing entered
             if isinstance(e, cst.Call) and (call_name(e) or "").split(".")[-1] in ("no_grad", "inference_mode"):
                 nograd = True
                 continue
@@ -2119,6 +2132,52 @@ class _Runner:
             if nosync:
                 self.no_sync -= 1
                 self.ns_nodes.pop()
+
+    def _ctx_arm(self, e: cst.IfExp, frame):
+        """The context manager a conditional ``with`` item enters: the arm its test decides, or, undecided, the
+        ``no_sync()`` arm of ``no_sync() if <ddp on> else nullcontext()`` (the other arm runs only where there is no
+        DDP, whose sync it would decide). None for a null context; the item itself when neither holds."""
+        c = self.truth(e.test, frame)
+        if c is True:
+            arm = e.body
+        elif c is False:
+            arm = e.orelse
+        elif self._fixed_test(e.test, frame) and _no_sync_call(e.body) and _null_ctx(e.orelse):
+            arm = e.body
+        elif self._fixed_test(e.test, frame) and _no_sync_call(e.orelse) and _null_ctx(e.body):
+            arm = e.orelse
+        else:
+            return e
+        return None if _null_ctx(arm) else arm
+
+    def _micro_count(self, e, frame) -> bool:
+        """``x.size(k)``, ``x.shape[k]``, ``x.numel()``, ``len(x)`` — or sums / products of them — where every ``x``
+        is a tensor made in this micro-batch (``since`` is the current micro-batch)."""
+        t = type(e)
+        if t is cst.BinaryOperation and type(e.operator) in (cst.Add, cst.Multiply):
+            return self._micro_count(e.left, frame) and self._micro_count(e.right, frame)
+        base = None
+        if t is cst.Call and type(e.func) is cst.Attribute and e.func.attr.value in ("size", "numel"):
+            base = e.func.value
+        elif t is cst.Call and type(e.func) is cst.Name and e.func.value == "len" and len(e.args) == 1:
+            base = e.args[0].value
+        elif t is cst.Subscript and type(e.value) is cst.Attribute and e.value.attr.value == "shape":
+            base = e.value.value
+        if base is None or type(base) not in (cst.Name, cst.Attribute):
+            return False
+        v = self.ev(base, frame)
+        return isinstance(v, Tensor) and v.since is not None and v.since == self.mb
+
+    def _fixed_test(self, expr, frame) -> bool:
+        """A condition read from nothing the run varies: no local variable of the running function, no name the
+        loop assigns (``use_ddp()``, ``dist.is_initialized()``, ``self.distributed``) — the same on every
+        micro-batch, so it says whether DDP runs, not which micro-batch this is."""
+        names, _ = self.dr.names_calls(expr)
+        for n in names:
+            base = n.split(".")[0]
+            if n in self.loop_names or (base != "self" and (base in self.loop_names or base in frame.locals)):
+                return False
+        return True
 
     def _enter_accumulate(self) -> None:
         self.acc_used = True
@@ -2563,6 +2622,12 @@ class _Runner:
         if tp is cst.BinaryOperation:
             a = self.ev(e.left, frame)
             b = self.ev(e.right, frame)
+            if type(e.operator) is cst.Divide and isinstance(a, Tensor) and a.scale is not None and self.in_micro \
+                    and not isinstance(b, Tensor) and self._micro_count(e.right, frame):
+                # ``(pos.sum() - neg.sum()) / (pos.size(0) + neg.size(0))``: divided by the element count of tensors
+                # this micro-batch made — a per-micro-batch mean, independent of N (a count over the whole window is
+                # made before its micro-batches and stays unknown)
+                return Tensor(a.scale.times(T.Factor(T.WEIGHT, self.dr.code(e.right))), a.graph, a.node, a.since)
             return self._binop(type(e.operator), a, b, e.right, e)
         if tp is cst.UnaryOperation:
             v = self.ev(e.expression, frame)
