@@ -2151,22 +2151,12 @@ class _Runner:
         return None if _null_ctx(arm) else arm
 
     def _micro_count(self, e, frame) -> bool:
-        """``x.size(k)``, ``x.shape[k]``, ``x.numel()``, ``len(x)`` — or sums / products of them — where every ``x``
-        is a tensor made in this micro-batch (``since`` is the current micro-batch)."""
+        """A size of a tensor made in this micro-batch (``_own_size``), or a sum / product of such sizes
+        (``pos.size(0) + neg.size(0)``); a parenthesised one too."""
         t = type(e)
         if t is cst.BinaryOperation and type(e.operator) in (cst.Add, cst.Multiply):
             return self._micro_count(e.left, frame) and self._micro_count(e.right, frame)
-        base = None
-        if t is cst.Call and type(e.func) is cst.Attribute and e.func.attr.value in ("size", "numel"):
-            base = e.func.value
-        elif t is cst.Call and type(e.func) is cst.Name and e.func.value == "len" and len(e.args) == 1:
-            base = e.args[0].value
-        elif t is cst.Subscript and type(e.value) is cst.Attribute and e.value.attr.value == "shape":
-            base = e.value.value
-        if base is None or type(base) not in (cst.Name, cst.Attribute):
-            return False
-        v = self.ev(base, frame)
-        return isinstance(v, Tensor) and v.since is not None and v.since == self.mb
+        return self._own_size(e, frame)
 
     def _fixed_test(self, expr, frame) -> bool:
         """A condition read from nothing the run varies: no local variable of the running function, no name the
@@ -2622,12 +2612,12 @@ class _Runner:
         if tp is cst.BinaryOperation:
             a = self.ev(e.left, frame)
             b = self.ev(e.right, frame)
-            if type(e.operator) is cst.Divide and isinstance(a, Tensor) and a.scale is not None and self.in_micro \
-                    and not isinstance(b, Tensor) and self._micro_count(e.right, frame):
-                # ``(pos.sum() - neg.sum()) / (pos.size(0) + neg.size(0))``: divided by the element count of tensors
-                # this micro-batch made — a per-micro-batch mean, independent of N (a count over the whole window is
-                # made before its micro-batches and stays unknown)
-                return Tensor(a.scale.times(T.Factor(T.WEIGHT, self.dr.code(e.right))), a.graph, a.node, a.since)
+            if type(e.operator) is cst.Divide and isinstance(a, Tensor) and not isinstance(b, Tensor) and \
+                    self.in_micro and self._micro_count(e.right, frame):
+                # ``loss.sum() / pre_loss.shape[0]``, ``(pos.sum() - neg.sum()) / (pos.size(0) + neg.size(0))``: the
+                # size of tensors of this micro-batch, a per-micro-batch mean (as a division by its own token count,
+                # see ``_factor``); a count over the whole window is made before its micro-batches and stays unknown
+                b = Tensor(T.Scale(), False, None, self.mb)
             return self._binop(type(e.operator), a, b, e.right, e)
         if tp is cst.UnaryOperation:
             v = self.ev(e.expression, frame)
@@ -2835,6 +2825,25 @@ class _Runner:
             if x.node is not None and id(x.node) in self.fwd_ns:
                 return x.node
         return a.node if a.node is not None else b.node
+
+    def _own_size(self, e, frame) -> bool:
+        """``x.shape[i]`` / ``x.size(i)`` / ``x.size()[i]`` / ``x.numel()`` / ``len(x)`` of a tensor made in this
+        micro-batch (its forward's output, a loss)."""
+        base = None
+        if type(e) is cst.Subscript and type(e.value) is cst.Attribute and e.value.attr.value == "shape":
+            base = e.value.value
+        elif type(e) is cst.Subscript and type(e.value) is cst.Call and type(e.value.func) is cst.Attribute and \
+                e.value.func.attr.value == "size" and not e.value.args:
+            base = e.value.func.value
+        elif type(e) is cst.Call and type(e.func) is cst.Attribute and e.func.attr.value in ("size", "numel") and \
+                (len(e.args) == 1 if e.func.attr.value == "size" else not e.args):
+            base = e.func.value
+        elif type(e) is cst.Call and type(e.func) is cst.Name and e.func.value == "len" and len(e.args) == 1:
+            base = e.args[0].value
+        if base is None or type(base) not in (cst.Name, cst.Attribute, cst.Subscript):
+            return False  # (no call is evaluated a second time)
+        v = self.ev(base, frame)
+        return isinstance(v, Tensor) and v.since is not None and v.since == self.mb
 
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"
