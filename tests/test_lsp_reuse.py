@@ -1,0 +1,216 @@
+"""What the language server reuses between two lints of a document (the incremental parse, the per-statement
+tables of ``bertlint/stmtcache.py``) never changes a diagnostic: after every edit of a sequence (comments typed,
+code changed inside and outside the training loop, lines inserted and deleted, the file broken and mended,
+``# noqa`` added), the server's lint equals a fresh full lint of the same text."""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+
+from bertlint.lsp import convert, server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent(
+    '''\
+    """Two training loops, one of them wrong (test input)."""
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    # the accumulation factor
+    ACCUM = 4
+
+
+    def build(model_name):
+        model = torch.nn.Linear(8, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return model, optimizer
+
+
+    def train_bad(model, loader, optimizer, accum_steps=8):
+        # steps on every micro-batch
+        for i, batch in enumerate(loader):
+            loss = model(batch).sum() / accum_steps
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    def train_good(model, loader, optimizer):
+        model.train()
+        for step, batch in enumerate(loader):
+            loss = model(batch).sum() / ACCUM
+            loss.backward()
+            if (step + 1) % ACCUM == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+    def train_amp(model, loader, optimizer, tokenizer, texts):
+        enc = tokenizer(texts, padding="max_length", truncation=True)
+        scaler = torch.cuda.amp.GradScaler()
+        for batch in loader:
+            with torch.cuda.amp.autocast():
+                out = torch.utils.checkpoint.checkpoint(model, batch)
+                loss = out.mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            torch.cuda.empty_cache()
+        return enc
+
+
+    def evaluate(model, loader):
+        model.eval()
+        total = 0.0
+        for batch in loader:
+            out = model(batch)
+            total += out.sum().item()
+        return total
+
+
+    class Runner:
+        def __init__(self, model):
+            self.model = model
+
+        def fit(self, loader, optimizer):
+            for batch in loader:
+                loss = self.model(batch).mean()
+                loss.backward()
+                optimizer.step()
+
+
+    def main():
+        model, optimizer = build("m")
+        loader = DataLoader(list(range(10)), batch_size=2)
+        train_bad(model, loader, optimizer)
+        train_good(model, loader, optimizer)
+        print(evaluate(model, loader))
+
+
+    if __name__ == "__main__":
+        main()
+    '''
+)
+
+
+def _edit(text: str, rng: random.Random) -> str:
+    lines = text.splitlines(keepends=True)
+    if not lines:
+        return "import torch\n"
+    i = rng.randrange(len(lines))
+    line = lines[i]
+    body = line.rstrip("\r\n")
+    indent = body[: len(body) - len(body.lstrip(" "))]
+    op = rng.randrange(12)
+    if op == 0:  # type into a comment (or start one at the end of the line)
+        new = body + ("x" if "#" in body else "  # note") + "\n"
+        lines[i] = new
+    elif op == 1:  # a comment line, indented like this one or at column 0
+        lines.insert(i, rng.choice([indent, ""]) + "# typed\n")
+    elif op == 2:  # a blank line in, or one out
+        if not body.strip():
+            del lines[i]
+        else:
+            lines.insert(i, "\n")
+    elif op == 3:  # the optimizer step inside a loop: gone, or back
+        steps = [k for k, ln in enumerate(lines) if "optimizer.step()" in ln]
+        if steps and rng.random() < 0.5:
+            del lines[rng.choice(steps)]
+        else:
+            loops = [k for k, ln in enumerate(lines) if "loss.backward()" in ln]
+            if loops:
+                k = rng.choice(loops)
+                ind = lines[k][: len(lines[k]) - len(lines[k].lstrip(" "))]
+                lines.insert(k + 1, ind + "optimizer.step()\n")
+    elif op == 4:  # a constant changes (the accumulation factor, a batch size)
+        for k, ln in enumerate(lines):
+            if "ACCUM = " in ln or "accum_steps=" in ln or "batch_size=" in ln:
+                lines[k] = ln.replace("4", "1").replace("8", "4").replace("2)", "8)")
+                break
+    elif op == 5:  # a new top-level statement
+        lines.insert(i, f"value_{rng.randrange(100)} = {rng.randrange(10)}\n")
+    elif op == 6:  # a line deleted (may break the file)
+        del lines[i]
+    elif op == 7:  # a character deleted (may break the file)
+        if body:
+            j = rng.randrange(len(body))
+            lines[i] = body[:j] + body[j + 1 :] + "\n"
+    elif op == 8:  # a noqa on a line, or taken away
+        lines[i] = (body.split("  # noqa")[0] if "# noqa" in body else body + "  # noqa") + "\n"
+    elif op == 9:  # a name typed into
+        lines[i] = line.replace("loss", "loss_", 1) if "loss" in line else line.replace("batch", "batch2", 1)
+    elif op == 10:  # an unclosed bracket, mended by the next edit of the same kind
+        lines[i] = body + "(\n" if not body.endswith("(") else body[:-1] + "\n"
+    else:  # a zero_grad after the backward, or the whole loop body duplicated
+        loops = [k for k, ln in enumerate(lines) if "loss.backward()" in ln]
+        if loops:
+            k = rng.choice(loops)
+            ind = lines[k][: len(lines[k]) - len(lines[k].lstrip(" "))]
+            lines.insert(k + 1, ind + rng.choice(["optimizer.zero_grad()\n", "loss = loss * 2\n"]))
+    return "".join(lines)
+
+
+def _sequence(tmp_path: Path, text: str, seed: int, n: int) -> int:
+    filename = str(tmp_path / "train.py")
+    server.forget(filename)
+    rng = random.Random(seed)
+    reused = 0
+    for _ in range(n):
+        text = _edit(text, rng)
+        got = server.run_lint(text, filename, filename)
+        fresh = convert.lint(text, filename, convert.load_settings(filename))
+        assert got.crash is None and not got.rule_errors, (got.crash, got.rule_errors)
+        assert got.diagnostics == fresh, text
+        last = server._stmt_cache.last_reused if server._stmt_cache is not None else None
+        reused += bool(last and last[0])
+    return reused
+
+
+def test_edit_sequences_equal_a_fresh_lint(tmp_path):
+    base = convert.lint(SCRIPT, str(tmp_path / "train.py"))
+    assert {d.code for d in base}, "the script must have findings for the comparison to mean something"
+    reused = 0
+    for seed in range(6):
+        reused += _sequence(tmp_path, SCRIPT, seed, 25)
+    assert reused > 50  # the statement tables were reused, not rebuilt
+
+
+def test_edit_sequence_on_the_benchmark_script(tmp_path):
+    text = (ROOT / "benchmarks" / "data" / "train_small.py").read_text() + "\n" + SCRIPT.split("\n", 1)[1]
+    assert _sequence(tmp_path, text, 99, 15) > 5
+
+
+def test_reused_index_equals_one_walk():
+    """The merged per-statement tables are the tables of one walk of the whole module: the same node lists (by
+    identity, in order, and the types in the order they first appear) and the same parents."""
+    from bertlint.context import NodeIndex
+    from bertlint.incremental import Reparser
+    from bertlint.stmtcache import StatementCache
+
+    rp, cache = Reparser(), StatementCache()
+    text = SCRIPT
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(30):
+        new = _edit(text, rng)
+        module = rp.parse("k", new)
+        if not isinstance(module, cst.Module):
+            continue  # an edit that breaks the file: the next one starts from the text before it
+        text = new
+        mine = NodeIndex(module, cache, "k")
+        hits += cache.last_reused[0] > 0
+        ref = NodeIndex(module)
+        assert list(mine._by_type) == list(ref._by_type)
+        for tp, nodes in ref._by_type.items():
+            got = mine._by_type[tp]
+            assert len(got) == len(nodes) and all(a is b for a, b in zip(got, nodes)), tp
+        assert mine._parents.keys() == ref._parents.keys()
+        assert all(mine._parents[k] is v for k, v in ref._parents.items())
+    assert hits > 10
