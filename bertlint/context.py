@@ -73,8 +73,11 @@ class FileContext:
         """Grad mode, model forwards, backward reachability and loop data flow (``bertlint/analysis/evalflow.py``)."""
         from bertlint.analysis import evalflow
 
+        from bertlint import stmtcache
+
         self.index
-        return evalflow.EvalFlow(self.module, self.symbols, self.filename)
+        reuse = stmtcache.for_context(self.filename, self.source)
+        return evalflow.EvalFlow(self.module, self.symbols, self.filename, reuse)
 
     @cached_property
     def index(self) -> "NodeIndex":
@@ -287,7 +290,7 @@ class NodeIndex:
         from bertlint.analysis import walk
 
         if reuse is not None and type(module) is cst.Module:
-            by_type, parents, kids_of = _merged(module, reuse.index_pieces(filename, module.body, _walk_from))
+            by_type, parents, kids_of = _merged(module, reuse.pieces("index", filename, module.body, _walk_from))
         else:
             by_type, parents, kids_of = _walk_from(module)
         self._by_type = by_type

@@ -8,9 +8,11 @@ keeps, per file, ``id(statement) -> (statement, table)`` for the statements of t
 the statement keeps its id from being reused), and after each lint only the current module's statements.
 
 What is cached here is structural only, never a conclusion: the ``NodeIndex`` pieces (nodes by type in source
-pre-order, parents, children lists) of each statement, merged in statement order into the table one walk of the
-whole module gives (same lists in the same order, same parents; ``tests/test_lsp_reuse.py`` compares them and
-the diagnostics after edit sequences with a fresh lint). Every analysis and rule still runs on the whole module.
+pre-order, parents, children lists) and the evaluation flow's walk tables (pre-order numbers counted from the
+statement, parents, scopes, calls / loops / assignments / names by scope) of each statement, merged in statement
+order into the tables one walk of the whole module gives (same lists in the same order, same numbers;
+``tests/test_lsp_reuse.py`` compares them, and the diagnostics after edit sequences with a fresh lint). Every
+analysis and rule still runs on the whole module.
 
 Active only while the server lints (``using``): the command line, the API and the verifier never see it.
 """
@@ -27,16 +29,21 @@ _local = threading.local()
 class StatementCache:
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep  # files kept (the most recently linted last)
-        self._files: dict[str, dict[int, tuple[Any, Any]]] = {}
-        self.last_reused: Optional[tuple[int, int]] = None  # (statements reused, of) in the last index built
+        # filename -> kind of table -> id(statement) -> (statement, table)
+        self._files: dict[str, dict[str, dict[int, tuple[Any, Any]]]] = {}
+        self.last_reused: dict[str, tuple[int, int]] = {}  # kind -> (statements reused, of) in the last build
 
     def forget(self, filename: str) -> None:
         self._files.pop(filename, None)
 
-    def index_pieces(self, filename: str, body, build) -> list:
+    def pieces(self, kind: str, filename: str, body, build) -> list:
         """``build(stmt)`` for each statement of ``body``, taken from the last lint of ``filename`` where the
-        statement is the same object; only ``body``'s statements are kept afterwards."""
-        old = self._files.pop(filename, None) or {}
+        statement is the same object; afterwards only ``body``'s statements are kept (for this ``kind``)."""
+        kinds = self._files.pop(filename, None) or {}
+        self._files[filename] = kinds  # the most recent last
+        while len(self._files) > self.keep:
+            del self._files[next(iter(self._files))]
+        old = kinds.get(kind) or {}
         new: dict[int, tuple[Any, Any]] = {}
         out = []
         reused = 0
@@ -49,10 +56,8 @@ class StatementCache:
                 piece = build(st)
             new[id(st)] = (st, piece)
             out.append(piece)
-        self._files[filename] = new
-        while len(self._files) > self.keep:
-            del self._files[next(iter(self._files))]
-        self.last_reused = (reused, len(out))
+        kinds[kind] = new
+        self.last_reused[kind] = (reused, len(out))
         return out
 
 

@@ -168,7 +168,7 @@ def _sequence(tmp_path: Path, text: str, seed: int, n: int) -> int:
         fresh = convert.lint(text, filename, convert.load_settings(filename))
         assert got.crash is None and not got.rule_errors, (got.crash, got.rule_errors)
         assert got.diagnostics == fresh, text
-        last = server._stmt_cache.last_reused if server._stmt_cache is not None else None
+        last = server._stmt_cache.last_reused.get("index") if server._stmt_cache is not None else None
         reused += bool(last and last[0])
     return reused
 
@@ -205,7 +205,7 @@ def test_reused_index_equals_one_walk():
             continue  # an edit that breaks the file: the next one starts from the text before it
         text = new
         mine = NodeIndex(module, cache, "k")
-        hits += cache.last_reused[0] > 0
+        hits += cache.last_reused["index"][0] > 0
         ref = NodeIndex(module)
         assert list(mine._by_type) == list(ref._by_type)
         for tp, nodes in ref._by_type.items():
@@ -213,4 +213,43 @@ def test_reused_index_equals_one_walk():
             assert len(got) == len(nodes) and all(a is b for a, b in zip(got, nodes)), tp
         assert mine._parents.keys() == ref._parents.keys()
         assert all(mine._parents[k] is v for k, v in ref._parents.items())
+    assert hits > 10
+
+
+def test_reused_evalflow_walk_equals_one_walk():
+    """The evaluation flow's tables merged from per-statement walks are those of one walk of the module: the same
+    pre-order and end numbers, parents, scopes, and node lists (by identity, in order, keys in the same order)."""
+    from bertlint.analysis import evalflow, symbols
+    from bertlint.incremental import Reparser
+    from bertlint.stmtcache import StatementCache
+
+    rp, cache = Reparser(), StatementCache()
+    text = SCRIPT
+    rng = random.Random(11)
+    hits = 0
+
+    def same(a, b) -> bool:
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+    for _ in range(30):
+        new = _edit(text, rng)
+        module = rp.parse("k", new)
+        if not isinstance(module, cst.Module):
+            continue
+        text = new
+        table = symbols.build(module)
+        mine = evalflow.EvalFlow(module, table, "k", cache)
+        hits += cache.last_reused["evalflow"][0] > 0
+        ref = evalflow.EvalFlow(module, table, "k")
+        for name in ("order", "end", "parent", "scope"):
+            a, b = getattr(mine, name).d, getattr(ref, name).d
+            assert list(a) == list(b), name
+            assert all(a[k] is v or a[k] == v for k, v in b.items()), name
+        assert mine.order.d == ref.order.d and mine.end.d == ref.end.d
+        for name in ("calls", "loops", "withs", "functions"):
+            assert same(getattr(mine, name), getattr(ref, name)), name
+        for name in ("calls_by_final", "assigns", "names", "returns"):
+            a, b = getattr(mine, name), getattr(ref, name)
+            assert list(a) == list(b) and all(same(a[k], b[k]) for k in b), name
+        assert mine._call_orders == ref._call_orders
     assert hits > 10

@@ -246,6 +246,63 @@ def _walk(flow: "EvalFlow", root: cst.Module) -> None:
         stack.append((node, None, leave))
         for k in reversed(children(node)):
             stack.append((k, node, inner))
+    return n
+
+
+class _Piece:
+    """The walk tables of one top-level statement, numbered from 0 (``_walk_reusing``)."""
+
+    def __init__(self) -> None:
+        self.parent, self.order, self.end, self.scope = _IdMap(), _IdMap(), _IdMap(), _IdMap()
+        self.calls, self.loops, self.withs, self.functions = [], [], [], []
+        self.calls_by_final, self.assigns, self.names, self.returns = {}, {}, {}, {}
+        self.count = 0
+
+
+def _walk_piece(stmt: cst.CSTNode) -> _Piece:
+    p = _Piece()
+    p.count = _walk(p, stmt)  # type: ignore[arg-type]
+    return p
+
+
+def _walk_reusing(flow: "EvalFlow", root: cst.Module, reuse, filename: str) -> bool:
+    """``_walk`` of ``root`` from the walks of its top-level statements (``reuse``: the language server's
+    ``bertlint.stmtcache.StatementCache``, which keeps them for the statement objects of the last lint): a
+    statement's numbers shifted by the nodes before it, every table in the order one walk fills it. False when the
+    module's children are not its statements (then ``_walk`` runs)."""
+    body = root.body
+    kids = children(root)
+    if len(kids) != len(body) or any(a is not b for a, b in zip(kids, body)):
+        return False
+    pieces = reuse.pieces("evalflow", filename, body, _walk_piece)
+    parent, order, end, scope_of = flow.parent.d, flow.order.d, flow.end.d, flow.scope.d
+    order[id(root)] = 0
+    n = 1
+    for st, p in zip(body, pieces):
+        parent[id(st)] = root
+        parent.update(p.parent.d)
+        od = p.order.d
+        if len(od) == p.count:  # numbered 0, 1, ... in insertion order
+            order.update(zip(od, range(n, n + p.count)))
+        else:  # a node object met twice (never in a parsed tree): its last number, as the walk leaves it
+            order.update({k: v + n for k, v in od.items()})
+        end.update({k: v + n for k, v in p.end.d.items()})
+        scope_of.update(p.scope.d)
+        flow.calls.extend(p.calls)
+        flow.loops.extend(p.loops)
+        flow.withs.extend(p.withs)
+        flow.functions.extend(p.functions)
+        for mine, theirs in ((flow.calls_by_final, p.calls_by_final), (flow.assigns, p.assigns),
+                             (flow.names, p.names), (flow.returns, p.returns)):
+            for k, v in theirs.items():
+                have = mine.get(k)
+                if have is None:
+                    mine[k] = list(v)
+                else:
+                    have.extend(v)
+        n += p.count
+    end[id(root)] = n - 1
+    return True
 
 
 class _IdMap:
@@ -280,7 +337,9 @@ _LEAVE = _Leave()
 
 
 class EvalFlow:
-    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "") -> None:
+    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "", reuse=None) -> None:
+        """``reuse``: the language server's per-statement cache (``bertlint.stmtcache``): the walk tables of the
+        top-level statements the last lint of ``filename`` had are taken from there (same tables)."""
         self.module = module
         self.symbols = symbols
         self.filename = filename
@@ -296,7 +355,8 @@ class EvalFlow:
         self.assigns: dict[Scope, list[cst.CSTNode]] = {}
         self.names: dict[Scope, list[cst.Name]] = {}
         self.returns: dict[Scope, list[cst.CSTNode]] = {}
-        _walk(self, module)
+        if reuse is None or type(module) is not cst.Module or not _walk_reusing(self, module, reuse, filename):
+            _walk(self, module)
         self._call_orders = [self.order[c] for c in self.calls]
         self._grad_memo: dict[int, str] = {}
         self._fn_backward: dict[int, Optional[bool]] = {}
