@@ -31,8 +31,10 @@ class FileContext:
     def symbols(self):
         from bertlint.analysis import symbols
 
+        from bertlint import stmtcache
+
         self.index  # one walk of the tree first: the later walks read its children lists
-        return symbols.build(self.module)
+        return symbols.build(self.module, stmtcache.for_context(self.filename, self.source), self.filename)
 
     @cached_property
     def resolver(self):

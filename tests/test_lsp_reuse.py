@@ -253,3 +253,71 @@ def test_reused_evalflow_walk_equals_one_walk():
             assert list(a) == list(b) and all(same(a[k], b[k]) for k in b), name
         assert mine._call_orders == ref._call_orders
     assert hits > 10
+
+
+def _same(a, b) -> bool:
+    """Structural equality with libcst nodes compared by identity, sets and dicts in the same iteration order."""
+    import dataclasses
+
+    if isinstance(a, cst.CSTNode) or isinstance(b, cst.CSTNode):
+        return a is b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (set, frozenset)):
+        return list(a) == list(b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if dataclasses.is_dataclass(a):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a is b or a == b
+
+
+def test_reused_symbol_table_equals_one_walk():
+    """The symbol table merged from per-statement tables is the table of one walk: every attribute, with binding
+    numbers, key and set orders, and node identities; the records in it are not the cached pieces' objects."""
+    from bertlint.analysis import symbols
+    from bertlint.incremental import Reparser
+    from bertlint.stmtcache import StatementCache
+
+    rp, cache = Reparser(), StatementCache()
+    text = SCRIPT + textwrap.dedent(
+        '''
+        import argparse
+        from dataclasses import dataclass, field
+        p = argparse.ArgumentParser()
+        p.add_argument("--accum", type=int, default=4)
+        p.add_argument("--layers", default=[1, 2])
+        a, b = build("x")
+        d = {}
+        d["k"] = 3
+        n = 0
+        n += 1
+
+
+        @dataclass
+        class Args:
+            lr: float = 1e-3
+            steps: int = field(default=10)
+        '''
+    )
+    rng = random.Random(5)
+    hits = 0
+    for _ in range(30):
+        new = _edit(text, rng)
+        module = rp.parse("k", new)
+        if not isinstance(module, cst.Module):
+            continue
+        text = new
+        mine = symbols.build(module, cache, "k")
+        hits += cache.last_reused["symbols"][0] > 0
+        ref = symbols.build(module)
+        assert list(vars(mine)) == list(vars(ref))
+        for name in vars(ref):
+            assert _same(getattr(mine, name), getattr(ref, name)), name
+        assert ref.assignments and ref.argparse and ref.dataclass_fields and ref.unpack_seq
+        pieces = [p for _st, p in cache._files["k"]["symbols"].values()]
+        held = {id(a) for p in pieces for v in p.assignments.values() for a in v}
+        assert not any(id(a) in held for v in mine.assignments.values() for a in v)
+    assert hits > 10

@@ -274,7 +274,10 @@ def _walk_reusing(flow: "EvalFlow", root: cst.Module, reuse, filename: str) -> b
     kids = children(root)
     if len(kids) != len(body) or any(a is not b for a, b in zip(kids, body)):
         return False
-    pieces = reuse.pieces("evalflow", filename, body, _walk_piece)
+    try:
+        pieces = reuse.pieces("evalflow", filename, body, _walk_piece)
+    except AttributeError:  # ``_walk`` fills a table ``_Piece`` does not have (added since): one walk, as ever
+        return False
     parent, order, end, scope_of = flow.parent.d, flow.order.d, flow.end.d, flow.scope.d
     order[id(root)] = 0
     n = 1
