@@ -209,13 +209,41 @@ _AUTOMAGIC = re.compile(
 )
 
 
+# IPython's default shell aliases on POSIX (``%alias`` lists them), which automagic runs without ``!``:
+# ``ls /content/out``, ``cat metrics.json``, ``rm -rf runs``. Only a line that is no Python statement on its own and
+# whose argument cannot continue an expression, or an argument that starts like a path or an option (``/``, ``-``,
+# ``~``, ``./``), is taken as one.
+_SHELL_ALIAS = re.compile(
+    r"^(?P<indent>[ \t]*)(?:ls|ll|lf|lk|ldir|lx|cat|cp|mv|rm|rmdir|mkdir|less|more|man|clear)[ \t]+"
+    r"(?![ \t]*(?:[=(\[,:;+*%<>!&|^@)\]}]|\.(?!\.?/)|$|(?:if|else|for|in|and|or|is|not)\b))"
+)
+
+
+def _shell_alias(body: str):
+    a = _SHELL_ALIAS.match(body)
+    if a is None:
+        return None
+    import ast
+
+    try:
+        tree = ast.parse(body.strip())
+    except SyntaxError:
+        return a  # no Python statement: IPython runs it as the shell command
+    # it parses: only an expression statement (no effect as Python: `cat / content / m.json`, `ls - la`) whose
+    # argument starts like a path or an option is the alias; `cat -= 1`, `rm /= 2` are Python
+    if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr) and \
+            re.match(r"[ \t]*(?:/|-|~|\.\.?/)", body[a.end():]):
+        return a
+    return None
+
+
 def _neutralise(line: str) -> str:
     """A magic / shell / help line becomes ``pass`` (or ``x = None``) with the same indentation."""
     body = line.rstrip("\r\n")
     end = line[len(body) :]
     m = _LINE_MAGIC.match(body)
     if not m:
-        a = _AUTOMAGIC.match(body)
+        a = _AUTOMAGIC.match(body) or _shell_alias(body)
         if a is not None:
             return f"{a.group('indent')}pass{end}"
         return line

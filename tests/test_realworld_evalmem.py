@@ -483,3 +483,72 @@ def test_module_level_grad_switch_off_covers_functions():
             return preds
     """
     assert found(src) == []
+
+
+def test_pytest_test_function_single_forward_is_not_an_evaluation():
+    # a unit test compares two forwards of an eval-mode model: the graph dies when the test returns
+    src = """
+        import torch
+        from mylib import build_model
+
+        def test_padding_matches():
+            model = build_model()
+            model.eval()
+            a = model(torch.ones(2, 4, dtype=torch.long)).logits
+            b = model(torch.ones(2, 4, dtype=torch.long)).logits
+            assert torch.allclose(a, b)
+
+        class TestForward:
+            def test_cache(self):
+                model = build_model()
+                model.eval()
+                out = model(torch.ones(1, 3, dtype=torch.long))
+                assert out.logits.shape[1] == 3
+    """
+    diags = lint_text(textwrap.dedent(src), "test_model.py", Settings())
+    assert [(d.code, d.start.row) for d in diags if d.code in CODES] == []
+    # the same functions in a script that is not a test module: reported, one per function
+    assert found(src) == [("BL502", 8), ("BL502", 16)]
+    # a test* method of a class pytest does not collect (no Test prefix) stays reported
+    diags = lint_text(textwrap.dedent(src).replace("class TestForward", "class Forward"), "test_model.py",
+                      Settings())
+    assert [(d.code, d.start.row) for d in diags if d.code in CODES] == [("BL502", 16)]
+
+
+def test_tensors_collected_in_a_module_forward_are_the_models_computation():
+    # a multi-scale block's forward collects each scale's output and combines them into its result
+    src = """
+        import torch
+        from torch import nn
+
+        class MixBlock(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.decomp = nn.Linear(d, d)
+                self.mix = nn.Linear(d, d)
+
+            def forward(self, xs):
+                parts = []
+                for x in xs:
+                    y = self.decomp(x)
+                    parts.append(y.permute(0, 2, 1))
+                mixed = self.combine(parts)
+                result = []
+                for x, m in zip(xs, mixed):
+                    result.append(x + m)
+                return result
+
+            def combine(self, parts):
+                outs = []
+                for p in parts:
+                    outs.append(self.mix(p))
+                return outs
+
+        def collect(model, batches):
+            kept = []
+            for b in batches:
+                kept.append(model(b))
+            print(len(kept))
+    """
+    # the free function that keeps every batch's output is still reported; the model's own loops are not
+    assert found(src) == [("BL501", 31)]

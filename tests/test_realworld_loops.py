@@ -220,3 +220,105 @@ def test_bl106_length_divided_by_the_per_gpu_batch_still_flagged():
         "args.n_gpu * args.gradient_accumulation_steps\n", "args.n_gpu\n")
     assert _units_of_schedule_length(src) == "micro-batches"
     assert "BL106" in codes(src)
+
+
+# --- BL113: what an optimizer wrapper's backward(loss) returns carries no graph (the backward freed it).
+WRAPPER_BACKWARD_RESULT = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, optimizer, loss_fn, parts):
+        self.model, self.optimizer, self.loss_fn, self.parts = model, optimizer, loss_fn, parts
+
+    def train(self, loader):
+        for batch in loader:
+            self.step(batch)
+
+    def step(self, data):
+        chunks = [data[i::self.parts] for i in range(self.parts)]
+        self.optimizer.zero_grad()
+        total = 0
+        for i, sub in enumerate(chunks):
+            loss = self.loss_fn(self.model, sub) / len(chunks)
+            if i == 0:
+                loss_scale, value = self.optimizer.backward(loss)
+            else:
+                value = loss.float().detach().item()
+                loss = loss.float() * loss_scale
+                loss.backward()
+            total += value
+        self.optimizer.step()
+"""
+
+
+def test_wrapper_backward_result_carries_no_graph():
+    assert codes(WRAPPER_BACKWARD_RESULT) == []
+
+
+def test_loss_summed_over_chunks_then_one_backward_still_flagged():
+    src = WRAPPER_BACKWARD_RESULT.replace(
+        """            if i == 0:
+                loss_scale, value = self.optimizer.backward(loss)
+            else:
+                value = loss.float().detach().item()
+                loss = loss.float() * loss_scale
+                loss.backward()
+            total += value
+        self.optimizer.step()""",
+        """            total = total + loss
+        total.backward()
+        self.optimizer.step()""").replace("[data[i::self.parts] for i in range(self.parts)]", "data.chunk(self.parts)")
+    assert "BL113" in codes(src)
+
+
+# --- BL103: a loss normalised by its own micro-batch's token count is still a mean: N of them sum to N means.
+TOKEN_MEAN_LOSS = """
+import torch
+
+
+def token_loss(model, input_ids, label_mask):
+    logits = model(input_ids).logits
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids, reduction="none") * label_mask
+    return torch.sum(losses, axis=1) / torch.sum(label_mask, axis=1)
+
+
+def train(model, optimizer, loader, accum_steps):
+    step = 0
+    for input_ids, label_mask in loader:
+        step += 1
+        loss = token_loss(model, input_ids, label_mask).mean()
+        loss.backward()
+        if step % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_per_micro_batch_token_mean_without_one_over_n_is_flagged():
+    assert "BL103" in codes(TOKEN_MEAN_LOSS)
+
+
+def test_per_micro_batch_token_mean_divided_by_n_is_silent():
+    src = TOKEN_MEAN_LOSS.replace("loss.backward()", "(loss / accum_steps).backward()")
+    assert "BL103" not in codes(src)
+
+
+def test_loss_over_the_windows_token_count_is_not_taken_for_a_mean():
+    # the divisor counts the tokens of the whole window, computed before its micro-batches: a correct normalisation
+    src = """
+import torch
+
+
+def train(model, optimizer, windows):
+    for window in windows:
+        n_tokens = sum(int(m.sum()) for _, m in window)
+        for input_ids, label_mask in window:
+            logits = model(input_ids).logits
+            losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids, reduction="none")
+            loss = (losses * label_mask).sum() / n_tokens
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+    assert "BL103" not in codes(src)

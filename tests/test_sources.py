@@ -123,6 +123,20 @@ def test_automagic_lines_are_neutralised_and_python_lines_kept():
     assert lint_text(text, "nb.ipynb", S) == []
 
 
+def test_shell_alias_lines_are_neutralised_and_python_lines_kept():
+    """IPython's default POSIX aliases (``ls``, ``cat``, ``rm``, ``mkdir`` ...) run as shell commands through
+    automagic: a line that is no Python statement, or a no-effect expression whose argument starts like a path or an
+    option (``cat /content/m.json``), is the alias; an assignment, a call or an attribute is Python."""
+    lines = ["ls /content/checkpoints/\n", "cat /content/metrics.json\n", "rm -rf runs\n", "  mkdir -p a/b\n",
+             "cp a.txt b.txt\n", "ls ./out\n", "cat = 3\n", "cat -= 1\n", "rm /= 2\n", "ls(x)\n", "ls.append(1)\n",
+             "clear\n", "x = 1\n"]
+    assert cell_to_python(lines) == ["pass\n", "pass\n", "pass\n", "  pass\n", "pass\n", "pass\n", "cat = 3\n",
+                                     "cat -= 1\n", "rm /= 2\n", "ls(x)\n", "ls.append(1)\n", "clear\n", "x = 1\n"]
+    text = nb(("code", "ls /content/checkpoints/\n"), ("code", "cat /content/checkpoints/metrics.json\n"),
+              ("code", "import torch\nx = torch.ones(2)\n"))
+    assert lint_text(text, "nb.ipynb", S) == []
+
+
 def test_notebook_cells_are_joined_with_a_row_map():
     text = nb(("markdown", "# title"), ("code", "import torch\n!nvidia-smi"), ("code", ["x = 1\n", "y = 2"]))
     n = read_notebook(text)

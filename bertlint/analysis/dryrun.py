@@ -2751,6 +2751,12 @@ class _Runner:
             return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
         if power > 0 and isinstance(v, _Unk) and v.inv:
             return T.Factor(T.WEIGHT, text, power=power, node=whole)  # ``loss * args.alpha``
+        if power < 0 and isinstance(v, Tensor) and self.in_micro and v.since is not None and v.since == self.mb \
+                and v.scale is not None and v.scale.n_free:
+            # divided by a tensor made from this micro-batch's own data (``/ torch.sum(label_mask, axis=1)``,
+            # ``/ (labels != -100).sum()``): a per-micro-batch normalisation (a token mean), independent of N — not a
+            # count over the whole window, which is made before the micro-batch loop
+            return T.Factor(T.WEIGHT, text, power=power, node=whole)
         return T.Factor(T.OTHER, text, power=power, node=whole)
 
     def _compare(self, e: cst.Comparison, frame):
@@ -2965,6 +2971,10 @@ class _Runner:
                 return t
             return self._fresh(call, argv)
         if type(func) is cst.Attribute:
+            if attr == "backward" and not isinstance(base, Tensor):
+                # what a wrapper's ``backward(loss)`` returns (``loss_scale, loss_value = optimizer.backward(loss)``)
+                # carries no graph a later backward could use: the backward freed the loss's graph
+                return UNK
             if isinstance(base, Tensor):
                 if attr in _NO_GRAPH:
                     return UNK

@@ -9,9 +9,10 @@ loop. Summing the losses of one micro-batch (several tasks, heads or objectives)
 
 A sum over an inner loop is over micro-batches by usage when the loop runs N times (``range(N)``, N the run's
 accumulation factor), iterates the training loader, or the chunks of the batch (``batch.chunk(N)``,
-``torch.split(...)``): then it is reported whatever the loop's names say. Otherwise nothing says its iterations are
-micro-batches (a loop over the tasks / heads / objectives of one step sums one objective), and it is not reported:
-a loop's names (``for micro, batch in ...``) never make a finding."""
+``torch.split(...)``, directly or through the one name bound to them): then it is reported whatever the loop's
+names say. Otherwise nothing says its iterations are micro-batches (a loop over the tasks / heads / objectives of one
+step sums one objective), and it is not reported: a loop's names (``for micro, batch in ...``) never make a
+finding."""
 
 from __future__ import annotations
 
@@ -46,7 +47,29 @@ def _names_of(t) -> list:
     return []
 
 
-def _micro_loop_by_usage(node, tr, run) -> bool:
+def _chunks_name(ctx, name: str, loop) -> bool:
+    """``chunks = batch.chunk(N)`` (or ``.split`` / ``torch.split``) is the only binding of ``name`` in the function
+    that holds ``loop``: iterating ``name`` iterates the chunks of a batch."""
+    if ctx is None:
+        return False
+    from bertlint.analysis.walk import iter_nodes
+
+    mine = [a for a in ctx.symbols.assignments.get(name, [])
+            if a.func is not None and any(n is loop for n in iter_nodes(a.func))]
+    if not mine:
+        return False
+    for a in mine:
+        v = a.value
+        if not isinstance(v, cst.Call):
+            return False
+        fname = v.func.attr.value if isinstance(v.func, cst.Attribute) else \
+            v.func.value if isinstance(v.func, cst.Name) else ""
+        if fname not in ("chunk", "split", "tensor_split"):
+            return False
+    return True
+
+
+def _micro_loop_by_usage(node, tr, run, ctx=None) -> bool:
     """The inner loop runs over micro-batches by what it iterates: ``range(N)`` with N the accumulation factor, the
     training loader, what the loader yields (a window of batches), or the chunks of a batch (``.chunk(...)`` /
     ``.split(...)`` / ``torch.chunk`` / ``torch.split``)."""
@@ -63,7 +86,7 @@ def _micro_loop_by_usage(node, tr, run) -> bool:
             return True
         if name in ("chunk", "split", "tensor_split"):
             return True
-    if isinstance(it, cst.Name) and it.value in _loader_items(run):
+    if isinstance(it, cst.Name) and (it.value in _loader_items(run) or _chunks_name(ctx, it.value, node)):
         return True
     return bool(tr.loader_text) and code_of(it).strip() == tr.loader_text
 
@@ -73,7 +96,7 @@ def check(ctx) -> None:
     for run, v, tr in _ga.violations(ctx, "BL113", _ga.PLAIN_OWNERS + ("accelerate", "deepspeed")):
         e = v.event
         loop = e.meta.get("graph_loop")
-        if loop is not None and not _micro_loop_by_usage(loop, tr, run):
+        if loop is not None and not _micro_loop_by_usage(loop, tr, run, ctx):
             continue  # nothing says its iterations are micro-batches (a loop over tasks / heads: one objective)
         target = e.text.split(".backward")[0] if ".backward" in e.text else "the summed loss"
         _ga.treport(

@@ -126,6 +126,16 @@ def _returned(flow, acc: str, scope) -> bool:
     return False
 
 
+def _model_computation(flow, scope) -> bool:
+    """``scope`` is a method of a model class (an ``nn.Module`` / ``PreTrainedModel`` subclass, by its bases): a loop
+    there that neither trains nor evaluates is the model's own computation (per-scale or per-layer outputs collected
+    in ``forward`` and combined into its result), whose graph the caller's backward needs."""
+    if not isinstance(scope, cst.FunctionDef):
+        return False
+    cls = flow.class_of(scope)
+    return cls is not None and flow.module_family(cls) in ("module", "pretrained")
+
+
 def _result_backwarded(flow, scope) -> bool:
     """A caller in this file differentiates the function's result (or the function is passed around, so its
     callers are unknown)."""
@@ -314,6 +324,8 @@ def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
         # neither training nor evaluating: only when nothing in the scope trains
         node = scope if scope is not None else flow.module
         if flow.has_backward(node) or _returned(flow, acc, scope):
+            return
+        if _model_computation(flow, scope):
             return
     if why is not None and flow.framework_owned(scope):
         return

@@ -200,11 +200,30 @@ def _guarded_elsewhere(ctx, flow, scope) -> bool:
     return bool(ext) and all(g is True for _, _, g in ext)
 
 
+def _pytest_test(ctx, flow, scope) -> bool:
+    """``scope`` is a test pytest collects: a ``test*`` function (or a method of a ``Test*`` class) in a
+    ``test_*.py`` / ``*_test.py`` file. Its forwards check outputs; their graph lives until the test returns and is
+    no part of a training run, so a single eval-mode forward there is not an evaluation that wastes memory."""
+    import os
+
+    base = os.path.basename(ctx.filename or "")
+    if not (base.startswith("test_") and base.endswith(".py") or base.endswith("_test.py")):
+        return False
+    if not isinstance(scope, cst.FunctionDef) or not scope.name.value.startswith("test"):
+        return False
+    owner = flow.parent.get(scope)
+    while owner is not None and not isinstance(owner, (cst.ClassDef, cst.FunctionDef, cst.Module)):
+        owner = flow.parent.get(owner)
+    return owner is None or isinstance(owner, cst.Module) or \
+        isinstance(owner, cst.ClassDef) and owner.name.value.startswith("Test")
+
+
 def _single_forwards(ctx, flow, scope, fwds) -> None:
     """Forwards outside any loop in a function that puts the model in eval mode first and trains nothing
-    (``sample_images()``: ``G.eval()`` then ``fake = G(real)``): one report per function, at the first such forward."""
+    (``sample_images()``: ``G.eval()`` then ``fake = G(real)``): one report per function, at the first such forward.
+    Not in a pytest test function (``_pytest_test``)."""
     if flow.framework_owned(scope) or flow.has_backward(scope) or flow.passes_optimizer(scope) or \
-            _uses_gradients(flow, scope):
+            _uses_gradients(flow, scope) or _pytest_test(ctx, flow, scope):
         return
     for fwd in fwds:
         if flow.grad_state(fwd) != ENABLED:
