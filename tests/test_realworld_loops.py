@@ -322,3 +322,55 @@ def train(model, optimizer, windows):
         optimizer.zero_grad()
 """
     assert "BL103" not in codes(src)
+
+
+# --- the accumulation factor read from a notebook's plain config class (``class CFG: accum_steps = 1``)
+CFG_CLASS = """
+import torch
+
+
+class CFG:
+    batch_size = 16
+    accum_steps = 1
+
+
+def train(model, optimizer, loader):
+    for step, batch in enumerate(loader):
+        loss = model(batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (step + 1) % CFG.accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_config_class_attribute_of_one_means_no_accumulation():
+    assert codes(CFG_CLASS) == []
+    # the same through an instance made with no arguments
+    inst = CFG_CLASS.replace("% CFG.accum_steps", "% cfg.accum_steps").replace(
+        "def train(", "cfg = CFG()\n\n\ndef train(")
+    assert codes(inst) == []
+
+
+def test_config_class_attribute_above_one_is_read_as_n():
+    assert {"BL103", "BL112"} <= set(codes(CFG_CLASS.replace("accum_steps = 1", "accum_steps = 4")))
+
+
+def test_loss_divided_by_its_own_batch_size_is_still_a_mean():
+    src = """
+import torch
+
+
+def train(model, optimizer, loader, args):
+    for step, batch in enumerate(loader):
+        pre_loss = model(**batch)[0]
+        loss = pre_loss.sum() / pre_loss.shape[0]
+        loss.backward()
+        if (step + 1) % args.accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+    assert "BL103" in codes(src)
+    assert "BL103" in codes(src.replace("pre_loss.shape[0]", "pre_loss.size(0)"))
+    assert "BL103" not in codes(src.replace("pre_loss.shape[0]", "(pre_loss.shape[0] * args.accum)"))

@@ -2523,6 +2523,11 @@ class _Runner:
         if tp is cst.BinaryOperation:
             a = self.ev(e.left, frame)
             b = self.ev(e.right, frame)
+            if type(e.operator) is cst.Divide and isinstance(a, Tensor) and not isinstance(b, Tensor) and \
+                    self.in_micro and self._own_size(e.right, frame):
+                # ``loss.sum() / pre_loss.shape[0]``: the size of a tensor of this micro-batch, a per-micro-batch
+                # mean (as a division by its own token count, see ``_factor``)
+                b = Tensor(T.Scale(), False, None, self.mb)
             return self._binop(type(e.operator), a, b, e.right, e)
         if tp is cst.UnaryOperation:
             v = self.ev(e.expression, frame)
@@ -2730,6 +2735,25 @@ class _Runner:
             if x.node is not None and id(x.node) in self.fwd_ns:
                 return x.node
         return a.node if a.node is not None else b.node
+
+    def _own_size(self, e, frame) -> bool:
+        """``x.shape[i]`` / ``x.size(i)`` / ``x.size()[i]`` / ``x.numel()`` / ``len(x)`` of a tensor made in this
+        micro-batch (its forward's output, a loss)."""
+        base = None
+        if type(e) is cst.Subscript and type(e.value) is cst.Attribute and e.value.attr.value == "shape":
+            base = e.value.value
+        elif type(e) is cst.Subscript and type(e.value) is cst.Call and type(e.value.func) is cst.Attribute and \
+                e.value.func.attr.value == "size" and not e.value.args:
+            base = e.value.func.value
+        elif type(e) is cst.Call and type(e.func) is cst.Attribute and e.func.attr.value in ("size", "numel") and \
+                (len(e.args) == 1 if e.func.attr.value == "size" else not e.args):
+            base = e.func.value
+        elif type(e) is cst.Call and type(e.func) is cst.Name and e.func.value == "len" and len(e.args) == 1:
+            base = e.args[0].value
+        if base is None or type(base) not in (cst.Name, cst.Attribute, cst.Subscript):
+            return False  # (no call is evaluated a second time)
+        v = self.ev(base, frame)
+        return isinstance(v, Tensor) and v.since is not None and v.since == self.mb
 
     def _factor(self, v, node, power: int, whole=None) -> T.Factor:
         text = self.dr.code(node) if node is not None else "?"

@@ -461,6 +461,12 @@ class Resolver:
                     kw = kwarg(made[0].value, attr)
                     if kw is not None:
                         return self.value(kw, made[0].func, d)
+                if owner:
+                    # ``CFG.accum_steps`` / ``cfg.accum_steps`` (``cfg = CFG()``): a class-body assignment of this
+                    # file (a notebook's plain config class), as ``fact()`` reads it
+                    ca = self._class_attr_fact(owner, attr, func, d)
+                    if ca is not None:
+                        return ca.value if ca.known else UNKNOWN
             # args.x from argparse / HfArgumentParser dataclasses / ClassName.attr
             if attr in self.t.argparse:
                 return self.t.argparse[attr].default
