@@ -198,7 +198,7 @@ class NotebookSource:
 
 # Cell magics whose body is Python; any other %% magic (bash, html, writefile ...) makes the cell non-Python.
 _PY_CELL_MAGICS = {"time", "timeit", "capture", "prun", "debug", "pypy", "python", "python3", "memit", "mprun"}
-_LINE_MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?P<lhs>[A-Za-z_][\w, \t]*=[ \t]*)?(?:[!%]|\?\??[A-Za-z_]|[A-Za-z_][\w.]*\?\??[ \t]*$)")
+_LINE_MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?P<lhs>[A-Za-z_][\w, \t]*=[ \t]*)?(?:[!%]|\?\??[A-Za-z_*]|[A-Za-z_*][\w.*]*\?\??[ \t]*$)")
 
 
 # IPython's automagic (on by default): a line magic called without its ``%`` (``pip install diffusers``, ``cd data``)

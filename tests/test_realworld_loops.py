@@ -374,3 +374,41 @@ def train(model, optimizer, loader, args):
     assert "BL103" in codes(src)
     assert "BL103" in codes(src.replace("pre_loss.shape[0]", "pre_loss.size(0)"))
     assert "BL103" not in codes(src.replace("pre_loss.shape[0]", "(pre_loss.shape[0] * args.accum)"))
+
+
+# --- a dataclass instance the script makes itself (``config = TrainingConfig()``): its defaults are the values
+DC_CONFIG = """
+from dataclasses import dataclass
+from accelerate import Accelerator
+
+
+@dataclass
+class TrainingConfig:
+    train_batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+
+
+config = TrainingConfig()
+
+
+def train_loop(config, model, optimizer, train_dataloader):
+    accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+    for batch in train_dataloader:
+        with accelerator.accumulate(model):
+            loss = model(batch).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_dataclass_made_by_the_script_fixes_its_defaults():
+    assert codes(DC_CONFIG) == []
+
+
+def test_dataclass_handed_to_a_parser_keeps_its_default_open():
+    # the command line may set gradient_accumulation_steps: 1 is only a default, the dry run stands in N
+    src = DC_CONFIG.replace("config = TrainingConfig()", "import tyro\nconfig = TrainingConfig()\ncli = tyro.cli(TrainingConfig)")
+    assert "BL112" in codes(src)

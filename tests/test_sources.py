@@ -109,6 +109,8 @@ def test_magics_are_neutralised_line_for_line():
     out = cell_to_python(lines)
     assert out == ["pass\n", "pass\n", "files = None\n", "for i in x:\n", "    pass\n", "pass\n", "x = 1\n"]
     assert cell_to_python(["%%bash\n", "echo hi\n"]) == ["\n", "\n"]
+    # a wildcard search (``%psearch`` through ``?``): ``torch.*Tensor?``; a product stays Python
+    assert cell_to_python(["torch.*Tensor?\n", "y = a*b\n"]) == ["pass\n", "y = a*b\n"]
     assert cell_to_python(["%%time\n", "y = 2\n"]) == ["pass\n", "y = 2\n"]
 
 

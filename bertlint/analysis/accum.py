@@ -210,12 +210,51 @@ class Setup:
             return False
         for name in _names_in(expr):
             last = name.split(".")[-1]
-            if "." in name and (last in self.t.argparse or last in self.t.dataclass_fields):
+            if "." in name and (last in self.t.argparse or self._cli_field(name, last, func)):
                 return True
             for a in (self.t.assignments_of(name, func) or [])[:3]:
                 if self.from_cli(a.value, a.func, depth + 1):
                     return True
         return False
+
+    def _cli_field(self, name: str, last: str, func) -> bool:
+        """``cfg.x`` reads a dataclass field the command line may set: not when ``cfg = Config()`` is the one
+        binding of ``cfg`` (no ``x=`` passed), ``Config`` is this file's dataclass with that field, and ``Config`` is
+        never handed to anything (a parser such as ``HfArgumentParser((Config,))`` / ``tyro.cli(Config)``, or a
+        parameter annotation a CLI wrapper reads): its defaults are then the script's own values."""
+        fields = self.t.dataclass_fields.get(last)
+        if not fields:
+            return False
+        owner = name.rsplit(".", 1)[0]
+        made = self.t.assignments_of(owner, func) or self.t.assignments_of(owner, None)
+        if len(made) != 1 or not isinstance(made[0].value, cst.Call) or not isinstance(made[0].value.func, cst.Name):
+            return True
+        cls = made[0].value.func.value
+        if cls not in self.t.classes or cls not in {c for c, _ in fields} or kwarg(made[0].value, last) is not None \
+                or any(a.star for a in made[0].value.args):
+            return True
+        return self._passed_around(cls)
+
+    def _passed_around(self, cls: str) -> bool:
+        memo = self.__dict__.setdefault("_passed_memo", {})
+        if cls not in memo:
+            def mentions(e) -> bool:
+                if isinstance(e, cst.Name):
+                    return e.value == cls
+                if isinstance(e, (cst.Tuple, cst.List)):
+                    return any(mentions(el.value) for el in e.elements)
+                return False
+
+            hit = any(mentions(a.value) for call, _, _ in self.t.calls for a in call.args)
+            if not hit:
+                for defs in self.t.functions.values():
+                    for fn in defs:
+                        ps = fn.params
+                        for p in list(ps.params) + list(ps.kwonly_params) + list(ps.posonly_params):
+                            if p.annotation is not None and cls in (dotted(p.annotation.annotation) or ""):
+                                hit = True
+            memo[cls] = hit
+        return memo[cls]
 
     def units_of(self, expr: Optional[cst.BaseExpression], func, accum_text: Optional[str] = None) -> str:
         return units_of(self.t, expr, func, accum_text)
