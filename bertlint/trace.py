@@ -453,8 +453,10 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
                 if len({b.mb for b in bws}) < 2:
                     continue
             # a clear erases the backwards that ran before it (in this micro-batch too: ``backward(); zero_grad()``)
-            clears = [e for e in clears if any(b.mb < e.mb or (b.mb == e.mb and w.events.index(b) < w.events.index(e))
-                                               for b in bws)]
+            # and that no other optimizer's update consumed in between: a GAN step function whose critic loop
+            # steps ``d_opt`` and then clears the generator's gradients before the generator's own loop erases
+            # nothing the generator's window owns
+            clears = [e for e in clears if any(_erased_by(w, b, e, opt) for b in bws)]
             # a clear at the start of an epoch, before its first backward, after the previous epoch's tail: the tail
             # is dropped (BL107's epoch_tail), the window's own micro-batches are not erased
             clears = [e for e in clears if not _epoch_start_clear(w, e, bws)]
@@ -462,7 +464,7 @@ def grads_not_cleared_in_window(trace: Trace) -> list:
                 continue
             e = clears[-1]
             pos = w.events.index(e)
-            before = [b for b in bws if w.events.index(b) < pos]
+            before = [b for b in bws if _erased_by(w, b, e, opt)]
             kept = [b for b in bws if w.events.index(b) > pos]
             lost = len({b.mb for b in before})
             mbs = sorted({b.mb for b in bws})
@@ -529,6 +531,16 @@ def _claimed(trace: Trace, b: Event, opt: str) -> bool:
                 return False  # stepped together with the others: the backward fed them all
             others = True
     return others
+
+
+def _erased_by(w, b: Event, clear: Event, opt: str) -> bool:
+    """``clear`` (a zero_grad of ``opt``'s gradients) erases what backward ``b`` accumulated: ``b`` ran before it
+    and no effective step of another optimizer came in between (that update took ``b``'s gradients: which
+    parameters a backward reaches is not known, so the one that stepped on them is taken to own them)."""
+    i, j = w.events.index(b), w.events.index(clear)
+    if not (b.mb < clear.mb or (b.mb == clear.mb and i < j)) or i > j:
+        return False
+    return not any(x.kind == "step" and x.effective is True and x.opt != opt for x in w.events[i + 1:j])
 
 
 def _per_opt_ok(trace: Trace) -> bool:
@@ -722,7 +734,11 @@ def epoch_tail(trace: Trace) -> list:
         return [Violation("BL107", first_step, msg, {**data, "kind": "dropped"}, [z])]
     if len(span_bws) == n:
         return []  # a counter carried across epochs: the window goes on over the boundary with N backwards
-    if any(e.kind == "rescale" for e in ev[last + 1:nxt]) or any(
+    # a rescale in the span counts only where the windows rescale too (``scale_grads(1 / num_tokens)`` before each
+    # step); a helper of another module handed the model once at the epoch's end (``utils.save_model(model, ...)``)
+    # normalises no window
+    per_window = any(e.kind == "rescale" for w in e0 for e in w.events)
+    if (per_window and any(e.kind == "rescale" for e in ev[last + 1:nxt])) or any(
             b.scale is not None and any(f.kind == OTHER for f in b.scale.factors) for b in span_bws):
         return []  # normalised by what the window really holds (``scale_grads(1 / num_tokens)``): carried on
         # with its scale, one longer window

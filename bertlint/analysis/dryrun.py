@@ -989,6 +989,9 @@ def _counter_methods(dr, taken: set) -> list:
             continue  # the backward in the method itself (the symbol table's list of backward calls)
         if id(fn) in taken or id(fn) in called or id(fn) in stepping:
             continue
+        if any(type(n) in (cst.For, cst.While) and f._has_backward(n.body, cls, 0, set(), fn) for n in _walk(fn.body)):
+            continue  # the backward runs in a loop of the method's own (an inner accumulation loop per call, a
+            # GAN's critic / generator windows): that loop is one of the file's loops, not one call per micro-batch
         gated = False
         for n in _walk(fn.body):
             if type(n) in (cst.If, cst.Assign):
@@ -1156,6 +1159,52 @@ def _set_as_n(f, text: str) -> bool:
             memo.add(code_of(n).strip())
         f.__dict__["_ga_settings"] = memo
     return text in memo
+
+
+_CLIP_NAME = re.compile(r"(^|_)clip(_|$)|clip_?grad|grad_?clip", re.I)
+
+
+def _no_sync_call(e) -> bool:
+    return type(e) is cst.Call and type(e.func) is cst.Attribute and e.func.attr.value in ("no_sync", "no_backward_sync")
+
+
+def _null_ctx(e) -> bool:
+    """``nullcontext()`` / ``contextlib.nullcontext()`` / ``suppress()``: a context manager that does nothing."""
+    return type(e) is cst.Call and not e.args and (call_name(e) or "").split(".")[-1] in ("nullcontext", "suppress")
+
+
+def _clip_by_name(call, func) -> bool:
+    """A call of a function held in a variable or attribute named like a gradient clipper (``clip_grad_fun``,
+    ``grad_clipper``), handed the parameters (``parameters=model.parameters()`` or the first argument)."""
+    if type(func) is cst.Attribute:
+        name = func.attr.value
+    elif type(func) is cst.Name:
+        name = func.value
+    else:
+        return False
+    if name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_gradients") or not _CLIP_NAME.search(name):
+        return False  # the library's own names are the caller's (its roles decide)
+    for a in call.args:
+        v = a.value
+        if type(v) is cst.Call and type(v.func) is cst.Attribute and v.func.attr.value in ("parameters",
+                                                                                         "named_parameters"):
+            return True
+        if a.keyword is not None and a.keyword.value in ("parameters", "params") :
+            return True
+    return False
+
+
+def _feature_dim(node) -> bool:
+    """``x.size(k)`` / ``x.shape[k]`` with a literal k >= 1: the size of a tensor along a non-batch dimension."""
+    if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "size" and \
+            len(node.args) == 1 and node.args[0].keyword is None:
+        k = _literal_int(node.args[0].value)
+        return k is not None and k >= 1
+    if type(node) is cst.Subscript and type(node.value) is cst.Attribute and node.value.attr.value == "shape" and \
+            len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
+        k = _literal_int(node.slice[0].slice.value)
+        return k is not None and k >= 1
+    return False
 
 
 def _literal_int(e) -> Optional[int]:
@@ -2018,6 +2067,10 @@ class _Runner:
         nograd = False
         for item in stmt.items:
             e = item.item
+            if type(e) is cst.IfExp:
+                e = self._ctx_arm(e, frame)  # ``with model.no_sync() if use_ddp() else nullcontext():``
+                if e is None:
+                    continue  # the null context: nothing entered
             if isinstance(e, cst.Call) and (call_name(e) or "").split(".")[-1] in ("no_grad", "inference_mode"):
                 nograd = True
                 continue
@@ -2079,6 +2132,42 @@ class _Runner:
             if nosync:
                 self.no_sync -= 1
                 self.ns_nodes.pop()
+
+    def _ctx_arm(self, e: cst.IfExp, frame):
+        """The context manager a conditional ``with`` item enters: the arm its test decides, or, undecided, the
+        ``no_sync()`` arm of ``no_sync() if <ddp on> else nullcontext()`` (the other arm runs only where there is no
+        DDP, whose sync it would decide). None for a null context; the item itself when neither holds."""
+        c = self.truth(e.test, frame)
+        if c is True:
+            arm = e.body
+        elif c is False:
+            arm = e.orelse
+        elif self._fixed_test(e.test, frame) and _no_sync_call(e.body) and _null_ctx(e.orelse):
+            arm = e.body
+        elif self._fixed_test(e.test, frame) and _no_sync_call(e.orelse) and _null_ctx(e.body):
+            arm = e.orelse
+        else:
+            return e
+        return None if _null_ctx(arm) else arm
+
+    def _micro_count(self, e, frame) -> bool:
+        """A size of a tensor made in this micro-batch (``_own_size``), or a sum / product of such sizes
+        (``pos.size(0) + neg.size(0)``); a parenthesised one too."""
+        t = type(e)
+        if t is cst.BinaryOperation and type(e.operator) in (cst.Add, cst.Multiply):
+            return self._micro_count(e.left, frame) and self._micro_count(e.right, frame)
+        return self._own_size(e, frame)
+
+    def _fixed_test(self, expr, frame) -> bool:
+        """A condition read from nothing the run varies: no local variable of the running function, no name the
+        loop assigns (``use_ddp()``, ``dist.is_initialized()``, ``self.distributed``) — the same on every
+        micro-batch, so it says whether DDP runs, not which micro-batch this is."""
+        names, _ = self.dr.names_calls(expr)
+        for n in names:
+            base = n.split(".")[0]
+            if n in self.loop_names or (base != "self" and (base in self.loop_names or base in frame.locals)):
+                return False
+        return True
 
     def _enter_accumulate(self) -> None:
         self.acc_used = True
@@ -2524,9 +2613,10 @@ class _Runner:
             a = self.ev(e.left, frame)
             b = self.ev(e.right, frame)
             if type(e.operator) is cst.Divide and isinstance(a, Tensor) and not isinstance(b, Tensor) and \
-                    self.in_micro and self._own_size(e.right, frame):
-                # ``loss.sum() / pre_loss.shape[0]``: the size of a tensor of this micro-batch, a per-micro-batch
-                # mean (as a division by its own token count, see ``_factor``)
+                    self.in_micro and self._micro_count(e.right, frame):
+                # ``loss.sum() / pre_loss.shape[0]``, ``(pos.sum() - neg.sum()) / (pos.size(0) + neg.size(0))``: the
+                # size of tensors of this micro-batch, a per-micro-batch mean (as a division by its own token count,
+                # see ``_factor``); a count over the whole window is made before its micro-batches and stays unknown
                 b = Tensor(T.Scale(), False, None, self.mb)
             return self._binop(type(e.operator), a, b, e.right, e)
         if tp is cst.UnaryOperation:
@@ -2775,6 +2865,11 @@ class _Runner:
             return T.Factor(T.ACCUM_USER, text, power=power, node=whole)
         if power > 0 and isinstance(v, _Unk) and v.inv:
             return T.Factor(T.WEIGHT, text, power=power, node=whole)  # ``loss * args.alpha``
+        if power > 0 and _feature_dim(node):
+            # ``loss.mean() * batch['targets'].size(1)``: a count along a non-batch dimension (labels, classes, a
+            # sequence) scales each micro-batch's mean alike and does not change with N (dimension 0 would turn
+            # the mean into a per-sample sum, whose window weight is unknown: OTHER)
+            return T.Factor(T.WEIGHT, text, power=power, node=whole)
         if power < 0 and isinstance(v, Tensor) and self.in_micro and v.since is not None and v.since == self.mb \
                 and v.scale is not None and v.scale.n_free:
             # divided by a tensor made from this micro-batch's own data (``/ torch.sum(label_mask, axis=1)``,
@@ -2954,6 +3049,12 @@ class _Runner:
                 args, kws = self._args(call, frame, argv)
                 return self._inline(fn, args, kws, frame, call)
             return Tensor(T.Scale(), True, call)
+        if _clip_by_name(call, func):
+            # ``self.clip_grad_fun(parameters=model.parameters())``: a clipping function the script built elsewhere
+            # (a builder of another module, a config choice) handed the model's parameters: a clip, known by its
+            # name and its argument only (a finding resting on it is lowered a severity)
+            self.emit("clip", call, scaled=self.scaled, target=self.dr.code(func), confident=False)
+            return UNK
         # values
         if type(func) is cst.Name:
             nm = func.value
@@ -2993,7 +3094,7 @@ class _Runner:
                 t = self._fresh(call)
                 t.scale = T.Scale((T.Factor(kind, f"{nm}() from {imp}"),))
                 return t
-            return self._fresh(call, argv)
+            return self._handed_n(call, argv)
         if type(func) is cst.Attribute:
             if attr == "backward" and not isinstance(base, Tensor):
                 # what a wrapper's ``backward(loss)`` returns (``loss_scale, loss_value = optimizer.backward(loss)``)
@@ -3022,8 +3123,18 @@ class _Runner:
                         "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
                         "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
                 return UNK
-            return self._fresh(call, argv)
+            return self._handed_n(call, argv)
         return UNK
+
+    def _handed_n(self, call, argv) -> Tensor:
+        """The output of a call the trace does not model (``_fresh``). When the call is handed the accumulation
+        factor itself (``batch.normalize(loss, n_accumulation=self.args.batch_multiplier)``, a method of another
+        module's object), it may divide by it: the result's scale holds a factor of unknown value, so no rule claims
+        a missing (or a doubled) ``/ N`` from it."""
+        t = self._fresh(call, argv)
+        if t.graph and any(isinstance(v, Num) and v.is_n for v in argv):
+            t.scale = T.Scale((T.Factor(T.OTHER, f"{self.dr.code(call.func)}() is handed {self.n_text}"),))
+        return t
 
     def _ds_config_n(self, scale, frame) -> Optional[str]:
         """The text of a user ``/ N`` whose N is read from the DeepSpeed config the Accelerator runs with
@@ -3769,7 +3880,30 @@ def _merge_arms(now: dict, before: dict, arm1: dict, stored1: set, stored2: set)
         if isinstance(v1, DictVal) and v1 is v2:
             now[k] = v1
             continue
+        w = _weight_only_join(v1, v2)
+        if w is not None:
+            now[k] = w
+            continue
         now[k] = Tensor(None, True) if isinstance(v1, Tensor) or isinstance(v2, Tensor) else UNK
+
+
+def _weight_only_join(v1, v2) -> Optional[Tensor]:
+    """Two losses whose scales differ only by weights that do not change with N (``itm + lam * ot`` on one path,
+    ``loss.mean()`` on the other): the same accumulation and loss-scaler factors on both paths, times a weight of
+    unknown value. None when they differ otherwise (an unknown factor, another power of N, a graph on one only)."""
+    if not (isinstance(v1, Tensor) and isinstance(v2, Tensor)) or v1.scale is None or v2.scale is None:
+        return None
+    if v1.graph != v2.graph or not v1.graph:
+        return None
+    keep = (T.ACCUM_USER, T.ACCUM_FRAMEWORK, T.SCALER)
+    a = [f for f in v1.scale.factors if f.kind in keep]
+    b = [f for f in v2.scale.factors if f.kind in keep]
+    if any(f.kind == T.OTHER for f in v1.scale.factors + v2.scale.factors):
+        return None
+    if sorted((f.kind, f.power, f.text) for f in a) != sorted((f.kind, f.power, f.text) for f in b):
+        return None
+    return Tensor(T.Scale(tuple(b) + (T.Factor(T.WEIGHT, "a weight that differs between the branches"),)), True,
+                  v1.node if v1.node is v2.node else None, v1.since if v1.since == v2.since else None)
 
 
 def _loader_texts(ld, dr) -> set:

@@ -58,4 +58,5 @@ def check(ctx) -> None:
             f"it clips and training stalls. Call `{scaler}.unscale_({opt})` right before clipping (once per "
             f"optimizer step).",
             fix=fix,
+            severity=_ga.tsev(clip),  # a clipper known by its name only (``self.clip_grad_fun(parameters=...)``)
         )
