@@ -412,3 +412,30 @@ def test_dataclass_handed_to_a_parser_keeps_its_default_open():
     # the command line may set gradient_accumulation_steps: 1 is only a default, the dry run stands in N
     src = DC_CONFIG.replace("config = TrainingConfig()", "import tyro\nconfig = TrainingConfig()\ncli = tyro.cli(TrainingConfig)")
     assert "BL112" in codes(src)
+
+
+# --- an fp16 optimizer wrapper's backward(loss) (apex FP16_Optimizer, fairseq / OpenNMT optimizers) is a backward
+FP16_OPTIMIZER_BACKWARD = """
+import torch
+from apex.optimizers import FP16_Optimizer
+
+
+def train(model, loader, args):
+    optimizer = FP16_Optimizer(torch.optim.AdamW(model.parameters(), lr=1e-4), dynamic_loss_scale=True)
+    for step, batch in enumerate(loader):
+        loss = model(batch).loss
+        optimizer.backward(loss)
+        if (step + 1) % args.gradient_accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_fp16_optimizer_backward_without_one_over_n_is_flagged():
+    assert "BL103" in codes(FP16_OPTIMIZER_BACKWARD)
+
+
+def test_fp16_optimizer_backward_of_loss_over_n_is_silent():
+    src = FP16_OPTIMIZER_BACKWARD.replace("optimizer.backward(loss)",
+                                          "optimizer.backward(loss / args.gradient_accumulation_steps)")
+    assert codes(src) == []

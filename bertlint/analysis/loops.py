@@ -351,8 +351,8 @@ class FileLoops:
 
 def backward_style(call: cst.Call, f: FileLoops, func=None, kind=None) -> Optional[str]:
     """How this call runs a backward, or None: ``loss.backward()`` (tensor), ``scaler.scale(loss).backward()``,
-    ``X.backward(loss)`` by the role of X (accelerator, engine, fabric; an optimizer / scheduler / scaler's
-    ``backward`` is none; anything else ``engine-like``, which the dry run decides from what X is),
+    ``X.backward(loss)`` by the role of X (accelerator, engine, fabric, an optimizer wrapper's ``backward(loss)``;
+    a scheduler / scaler's ``backward`` is none; anything else ``engine-like``, which the dry run decides from what X is),
     ``torch.autograd.backward``, Lightning's ``manual_backward``. ``kind(recv, func)``: the receiver classifier
     (default ``f.receiver_kind``; the dry run's also reads a sibling module's roles in that module's functions)."""
     fn = call.func
@@ -372,6 +372,11 @@ def backward_style(call: cst.Call, f: FileLoops, func=None, kind=None) -> Option
         k = (kind or f.receiver_kind)(rname, func)[0]
         if k in ("accelerator", "engine", "fabric"):
             return k
+        if k == "optimizer" and npos >= 1:
+            # ``optimizer.backward(loss)``: a mixed-precision optimizer wrapper's backward (apex FP16_Optimizer,
+            # fairseq's FP16Optimizer, OpenNMT's Optimizer) back-propagates ``loss`` times its own loss scale and
+            # undoes that scale in its step: a backward of ``loss``
+            return "optimizer"
         if k in ("optimizer", "scheduler", "scaler"):
             return None
         if npos >= 1:
