@@ -800,6 +800,17 @@ class EvalFlow:
                     return False
                 if self._compiled_runtime(func.value):
                     return False
+                recv = func.value
+                if isinstance(recv, cst.Name) and recv.value[:1].islower() and recv.value not in self.symbols.imports \
+                        and recv.value not in self.symbols.classes:
+                    # `tokenizer_class.from_pretrained(...)`: a class held in a variable (`config_class, model_class,
+                    # tokenizer_class = MODEL_CLASSES[model_type]`); tokenizers, configs and processors have
+                    # `from_pretrained` too, so the call alone does not say it builds a model: the variable's name
+                    # may say what it holds, else the bound name decides
+                    tokens = set(recv.value.lower().split("_"))
+                    if tokens & {"tokenizer", "processor", "config", "extractor", "feature"}:
+                        return False
+                    return None
                 return True
         q = self.qual(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
         last = final(q)
