@@ -31,8 +31,10 @@ class FileContext:
     def symbols(self):
         from bertlint.analysis import symbols
 
+        from bertlint import stmtcache
+
         self.index  # one walk of the tree first: the later walks read its children lists
-        return symbols.build(self.module)
+        return symbols.build(self.module, stmtcache.for_context(self.filename, self.source), self.filename)
 
     @cached_property
     def resolver(self):
@@ -73,14 +75,19 @@ class FileContext:
         """Grad mode, model forwards, backward reachability and loop data flow (``bertlint/analysis/evalflow.py``)."""
         from bertlint.analysis import evalflow
 
-        index = self.index
-        return evalflow.EvalFlow(self.module, self.symbols, self.filename, parents=index._parents)
+        from bertlint import stmtcache
+
+        self.index
+        reuse = stmtcache.for_context(self.filename, self.source)
+        return evalflow.EvalFlow(self.module, self.symbols, self.filename, reuse)
 
     @cached_property
     def index(self) -> "NodeIndex":
         """One fast walk of the whole tree (plain field access, no visitor dispatch, whitespace skipped: ~5-10x
         cheaper than a ``CSTVisitor`` pass): ``ctx.index.of(cst.Call)`` lists every Call, ``ctx.index.parent(n)``."""
-        return NodeIndex(self.module)
+        from bertlint import stmtcache
+
+        return NodeIndex(self.module, stmtcache.for_context(self.filename, self.source), self.filename)
 
     @cached_property
     def positions(self):
@@ -279,22 +286,15 @@ class NodeIndex:
     ``of(*types)`` returns the nodes in source pre-order (``bertlint.analysis.walk.children``);
     ``parent(node)`` / ``ancestors(node)``."""
 
-    def __init__(self, module: cst.CSTNode) -> None:
+    def __init__(self, module: cst.CSTNode, reuse=None, filename: str = "") -> None:
+        """``reuse``: the language server's ``bertlint.stmtcache.StatementCache``: the pieces of the top-level
+        statements the last lint of ``filename`` had are taken from there (same tables, merged in order)."""
         from bertlint.analysis import walk
 
-        children = walk._children
-        by_type: dict[type, list[cst.CSTNode]] = {}
-        parents: dict[int, cst.CSTNode] = {}
-        kids_of: dict[int, list] = {}
-        stack: list[cst.CSTNode] = [module]
-        while stack:
-            n = stack.pop()
-            by_type.setdefault(type(n), []).append(n)
-            kids = children(n)
-            kids_of[id(n)] = kids
-            for k in kids:
-                parents[id(k)] = n
-            stack.extend(reversed(kids))
+        if reuse is not None and type(module) is cst.Module:
+            by_type, parents, kids_of = _merged(module, reuse.pieces("index", filename, module.body, _walk_from))
+        else:
+            by_type, parents, kids_of = _walk_from(module)
         self._by_type = by_type
         self._parents = parents
         # every later walk of this module (symbols, evaluation flow, rules) reads these children lists
@@ -317,3 +317,48 @@ class NodeIndex:
         while p is not None:
             yield p
             p = self._parents.get(id(p))
+
+
+def _walk_from(root: cst.CSTNode) -> tuple[dict, dict, dict]:
+    """(nodes by type in pre-order, ``id(node)`` -> parent, ``id(node)`` -> children) of ``root``'s subtree; the
+    parent of ``root`` itself is not in it."""
+    from bertlint.analysis import walk
+
+    children = walk._children
+    by_type: dict[type, list[cst.CSTNode]] = {}
+    parents: dict[int, cst.CSTNode] = {}
+    kids_of: dict[int, list] = {}
+    stack: list[cst.CSTNode] = [root]
+    while stack:
+        n = stack.pop()
+        by_type.setdefault(type(n), []).append(n)
+        kids = children(n)
+        kids_of[id(n)] = kids
+        for k in kids:
+            parents[id(k)] = n
+        stack.extend(reversed(kids))
+    return by_type, parents, kids_of
+
+
+def _merged(module: cst.Module, pieces: list) -> tuple[dict, dict, dict]:
+    """The tables of one walk of ``module`` from those of its top-level statements (in order): the module first,
+    then each statement's pre-order, so every by-type list, and the order types first appear in, is the walk's."""
+    from bertlint.analysis import walk
+
+    kids = walk._children(module)
+    if len(kids) != len(pieces) or any(a is not b for a, b in zip(kids, module.body)):
+        return _walk_from(module)  # the module's children are not its statements (never, with libcst's Module)
+    by_type: dict[type, list[cst.CSTNode]] = {type(module): [module]}
+    parents: dict[int, cst.CSTNode] = {}
+    kids_of: dict[int, list] = {id(module): kids}
+    for st, (bt, par, ko) in zip(kids, pieces):
+        for tp, nodes in bt.items():
+            have = by_type.get(tp)
+            if have is None:
+                by_type[tp] = list(nodes)
+            else:
+                have.extend(nodes)
+        parents[id(st)] = module
+        parents.update(par)
+        kids_of.update(ko)
+    return by_type, parents, kids_of

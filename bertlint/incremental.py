@@ -203,11 +203,37 @@ def _splice(old: _State, new: str):
         changes["has_trailing_newline"] = part.has_trailing_newline
     out = module.with_changes(**changes)
     new_header_len = sum(_code_len(out, line) for line in out.header) if from_start else header
-    new_lens = [*lens[:a], *(_code_len(out, st) for st in body), *lens[b + 1 :]]
     footer_len = sum(_code_len(out, line) for line in out.footer)
+    mid = _fragment_lens(out, body, frag, part, lens[a : b + 1], new_header_len if from_start else 0,
+                         footer_len if to_end else 0)
+    if mid is None:
+        return None
+    new_lens = [*lens[:a], *mid, *lens[b + 1 :]]
     total = new_header_len + sum(new_lens) + footer_len
     if not out.has_trailing_newline and total and (out.footer or out.body):
         total -= len(out.default_newline)
     if total != len(new):
         return None
     return out, new_header_len, new_lens, len(body)
+
+
+def _fragment_lens(out: cst.Module, body: list, frag: str, part: cst.Module, old_lens: list, head: int, foot: int):
+    """The code length of each statement of ``body`` (the re-parsed fragment's, in ``out``). libcst prints a parsed
+    module back as its text (``part.code == frag``), so the statements' lengths add up to the fragment's length less
+    its header (``head``, when the header is the module's) and footer (``foot``, when it is the module's), plus the
+    final newline the module does not print: every statement but the longest is printed to be measured (the
+    printing, not the parse, was most of a keystroke's re-parse of a long function), and that one is what is left.
+    The longest is the old one in the same place when the fragment has as many statements as it replaced; otherwise
+    every statement is printed. None if what is left is not a length."""
+    if len(body) != len(old_lens) or len(body) < 2:
+        return [_code_len(out, st) for st in body]
+    skip = max(range(len(body)), key=old_lens.__getitem__)
+    lens = [0 if i == skip else _code_len(out, st) for i, st in enumerate(body)]
+    total = len(frag) - head - foot
+    if not part.has_trailing_newline and (part.footer or part.body):
+        total += len(part.default_newline)
+    rest = total - sum(lens)
+    if rest <= 0:
+        return None
+    lens[skip] = rest
+    return lens

@@ -484,10 +484,12 @@ def _json_string_offset(text: str, quote: int, k: int) -> int:
 
 # ---------------------------------------------------------------------------------------------- discovery
 
-# Cheap content check for JSON/YAML found in folders: only DeepSpeed and accelerate configurations are linted.
+# Cheap content check for JSON/YAML found in folders: only DeepSpeed and accelerate configurations are linted. The
+# word must be a key (followed by ':', quoted or not), not a value: a VS Code launch.json (JSON with comments) passing
+# "--gradient_accumulation_steps", "4" to a script is no configuration of ours.
 _CONFIG_HINT = re.compile(
-    r"zero_optimization|train_micro_batch_size_per_gpu|train_batch_size|gradient_accumulation_steps"
-    r"|distributed_type|compute_environment|deepspeed_config|mixed_precision|fsdp_config"
+    r"(?<![\w-])(zero_optimization|train_micro_batch_size_per_gpu|train_batch_size|gradient_accumulation_steps"
+    r"|distributed_type|compute_environment|deepspeed_config|mixed_precision|fsdp_config)[\"']?\s*:"
 )
 
 

@@ -101,3 +101,27 @@ def test_an_edit_after_a_statements_first_line_does_not_parse_the_statement_befo
     new = "".join(lines[:last] + ["# between\n"] + lines[last:])
     got = r.parse("k", new)
     assert got.deep_equals(cst.parse_module(new)) and r.last_reparsed[0] == 2
+
+
+def test_stored_statement_lengths_are_the_printed_ones():
+    """After every splice the lengths the parser keeps (one statement's derived from the fragment's length, the
+    others printed) are the printed lengths of the new module's statements: the next edit is placed by them."""
+    from bertlint.incremental import _lengths
+
+    path = os.path.join(ROOT, "benchmarks", "data", "train_large.py")
+    with open(path) as f:
+        text = f.read()
+    r = Reparser()
+    r.parse("k", text)
+    lines = text.splitlines(keepends=True)
+    checked = 0
+    for i in range(0, len(lines), max(1, len(lines) // 40)):
+        for new in ("".join(lines[:i] + [lines[i].rstrip("\n") + "  # q\n"] + lines[i + 1 :]),
+                    "".join(lines[:i] + ["    \n"] + lines[i:])):
+            got = r.parse("k", new)
+            if not isinstance(got, cst.Module) or r.last_reparsed is None:
+                continue
+            _text, module, header, lens = r._docs["k"]
+            assert (header, lens) == _lengths(module, new)
+            checked += 1
+    assert checked > 40

@@ -268,6 +268,41 @@ class Pipeline:
     assert fs2.trainers[0].model is None
 
 
+def test_self_attribute_model_outside_a_trainer_reads_its_class_methods():
+    """A LightningModule's ``self.model``: built, PEFT-wrapped, compiled and checkpointed in the methods of its class
+    (collected although no HF Trainer trains it); another class's ``self.model`` calls are not its own."""
+    fs = setup_of("""
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+class Module:
+    def __init__(self, name, compile_model=False):
+        self.model = AutoModelForCausalLM.from_pretrained(name)
+        self.model = get_peft_model(self.model, LoraConfig(r=8))
+        if compile_model:
+            self.model = torch.compile(self.model)
+    def configure_model(self):
+        self.model.gradient_checkpointing_enable()
+class Other:
+    def setup(self):
+        self.model.enable_input_require_grads()
+""")
+    (m,) = fs.models
+    assert m.var == "self.model" and m.peft and m.from_pretrained
+    assert [c.method for c in m.checkpointing] == ["gradient_checkpointing_enable"]
+    assert not m.input_require_grads  # Other.setup's self.model is another object
+    # an unknown wrapper still makes the model unknown; torch.compile does not
+    fs2 = setup_of("""
+from transformers import AutoModelForCausalLM
+class Module:
+    def __init__(self, name):
+        self.model = AutoModelForCausalLM.from_pretrained(name)
+        self.model = Wrapper(self.model)
+        self.model.gradient_checkpointing_enable()
+""")
+    assert fs2.models == []
+
+
 def test_freezing_the_backbone_freezes_the_inputs():
     base = HEAD + "model = AutoModelForSequenceClassification.from_pretrained('bert-base-uncased')\n{loop}\nt = Trainer(model=model)\n"
     def frozen(loop):

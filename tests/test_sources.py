@@ -249,6 +249,21 @@ def test_trainer_state_is_not_a_deepspeed_config(tmp_path):
     assert config_kind({"gradient_accumulation_steps": 4}) == "unknown"
 
 
+def test_launch_json_passing_training_flags_is_not_a_config(tmp_path):
+    """A VS Code launch.json (JSON with comments) whose "args" pass --gradient_accumulation_steps to a script names the
+    setting as a value, not a key: not discovered in a folder, so no BL001 for its comments; a DeepSpeed or accelerate
+    file beside it still is."""
+    (tmp_path / ".vscode").mkdir()
+    (tmp_path / ".vscode" / "launch.json").write_text(
+        '{\n    // Use IntelliSense to learn about possible attributes.\n    "version": "0.2.0",\n'
+        '    "configurations": [{"name": "train", "type": "python", "program": "train.py",\n'
+        '        "args": ["--gradient_accumulation_steps", "4", "--deepspeed_config", "ds.json", "--mixed_precision=bf16"]}]\n}\n')
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}')
+    (tmp_path / "accelerate.yaml").write_text("compute_environment: LOCAL_MACHINE\nmixed_precision: bf16\n")
+    found = [os.path.relpath(p, tmp_path) for p, _ in discover([str(tmp_path)])]
+    assert found == ["accelerate.yaml", "ds.json"]
+
+
 def test_notebook_line_that_only_looks_like_a_magic():
     text = nb(("code", "import torch\ntotal = (a\n         % b)\n!ls\n"), ("code", "y = (\n"))
     d = lint_text(text, "nb.ipynb", S)

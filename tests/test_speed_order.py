@@ -116,30 +116,3 @@ def test_noqa_in_a_string_or_for_another_code_does_not_suppress():
     assert len(_bl109(_with_comment_on_backward("# noqa: BL2"))) == 1
     assert len(_bl109(_with_comment_on_backward("# a comment"))) == 1
 
-
-# The evaluation flow's walk reuses the index's parents map and children lists: every map and list it records is
-# the one a walk of its own records.
-
-
-def _flow_state(flow):
-    return (flow.parent.d, flow.order.d, flow.end.d, flow.scope.d, [id(c) for c in flow.calls],
-            {k: [id(c) for c in v] for k, v in flow.calls_by_final.items()}, [id(x) for x in flow.loops],
-            [id(x) for x in flow.withs], [id(x) for x in flow.functions],
-            {id(k): [id(x) for x in v] for k, v in flow.assigns.items()},
-            {id(k): [id(x) for x in v] for k, v in flow.names.items()},
-            {id(k): [id(x) for x in v] for k, v in flow.returns.items()}, flow._call_orders)
-
-
-def test_evalflow_from_the_index_equals_its_own_walk():
-    import os
-
-    from bertlint.analysis.evalflow import EvalFlow
-
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "train_large.py")
-    for src in (open(path, encoding="utf-8").read(), SHAPES, _script("before")):
-        module = cst.parse_module(src)
-        ctx = FileContext("t.py", src, module, Settings())
-        shared = ctx.evalflow  # built from the index
-        own = EvalFlow(module, ctx.symbols, "t.py")
-        assert _flow_state(shared) == _flow_state(own)
-        assert shared.parent.d is ctx.index._parents

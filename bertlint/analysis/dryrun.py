@@ -51,7 +51,7 @@ from bertlint.analysis import project
 from bertlint.analysis.accum import ACCUM_RE as _ACCUM_HINT  # a name hint: never what alone makes a value N
 from bertlint.analysis.loops import CLIP_QUALNAMES, backward_style
 from bertlint.analysis.symbols import call_name, code_of, dotted, kwarg, literal, positional
-from bertlint.analysis.walk import assigned_names, children, names_in, scope_nodes
+from bertlint.analysis.walk import SCOPE_TYPES, assigned_names, children, names_in, scope_nodes
 
 REPRESENTATIVE_N = 4
 _FSDP_MODS = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
@@ -765,11 +765,13 @@ def _step_fns(dr, taken: set) -> list:
     for d in f.t.defs:
         if isinstance(d, cst.FunctionDef):
             cands[id(d)] = d
+    idx, looped = _loop_scopes(dr)
     picked = []
     for fn in cands.values():
         if id(fn) in taken or id(fn) in called or id(fn) in stepping or fn.name.value.startswith("__"):
             continue
-        if any(type(n) in (cst.For, cst.While) for n in _walk(fn.body)):
+        if (id(fn) in looped) if idx is not None and idx.parent(fn) is not None else \
+                any(type(n) in (cst.For, cst.While) for n in _walk(fn.body)):
             continue  # a function with loops of its own: its loops are the file's loops (or an inner window)
         cls = f.class_of(fn)
         if id(fn) not in with_bw and not f._has_backward(fn.body, cls, 0, set(), fn):
@@ -793,6 +795,25 @@ def _step_fns(dr, taken: set) -> list:
             m.driver_counts = _driver_counts(dr, fn, cls, called)
             out.append(m)
     return out
+
+
+def _loop_scopes(dr) -> tuple:
+    """(the file's node index, ids of the scopes whose own code, nested def / class / lambda bodies left out, holds a
+    ``for`` / ``while``): a loop's nearest enclosing scope by the index's parents, what ``_walk(fn.body)`` would meet
+    (the same children). ``(None, set())`` when the index is not available (then each function is walked)."""
+    try:
+        idx = dr.ctx.index
+    except Exception:
+        return None, set()
+    out: set = set()
+    scopes = SCOPE_TYPES
+    for loop in idx.of(cst.For, cst.While):
+        p = idx.parent(loop)
+        while p is not None and type(p) not in scopes:
+            p = idx.parent(p)
+        if p is not None:
+            out.add(id(p))
+    return idx, out
 
 
 def _driver_counts(dr, fn, cls, called: set) -> list:

@@ -246,68 +246,66 @@ def _walk(flow: "EvalFlow", root: cst.Module) -> None:
         stack.append((node, None, leave))
         for k in reversed(children(node)):
             stack.append((k, node, inner))
+    return n
 
 
-def _walk_indexed(flow: "EvalFlow", root: cst.Module, parents: dict) -> None:
-    """``_walk`` for a module ``FileContext.index`` has walked already: its parents map (the same one, node for node:
-    both walks read ``children``) is taken as is instead of being built again, and the children lists come from its
-    cache. Everything else is recorded exactly as ``_walk`` records it (same pre-order, same maps and lists)."""
-    order, end, scope_of = flow.order.d, flow.end.d, flow.scope.d
-    flow.parent.d = parents
-    calls, loops, withs, functions = flow.calls, flow.loops, flow.withs, flow.functions
-    calls_by_final, assigns, names, returns = flow.calls_by_final, flow.assigns, flow.names, flow.returns
-    n = 0
-    stack: list = [(root, None)]
-    pop, push = stack.pop, stack.append
-    leave = _LEAVE
-    Call, Name, With, FunctionDef = cst.Call, cst.Name, cst.With, cst.FunctionDef
-    loop_t, assign_t, ret_t = _LOOP_T, _ASSIGN_T, _RET_T
-    cached = _walk_cache()
-    while stack:
-        node, scope = pop()
-        if scope is leave:
-            end[id(node)] = n - 1
-            continue
-        key = id(node)
-        order[key] = n
-        n += 1
-        tp = type(node)
-        inner = scope
-        if tp is Name:  # (the type tests exclude each other: the most frequent first)
-            names.setdefault(scope, []).append(node)
-        elif tp is Call:
-            calls.append(node)
-            scope_of[key] = scope
-            nm = final(call_name(node))
-            if nm:
-                calls_by_final.setdefault(nm, []).append(node)
-        elif tp in loop_t:
-            loops.append(node)
-            scope_of[key] = scope
-        elif tp is With:
-            withs.append(node)
-            scope_of[key] = scope
-        elif tp in assign_t:
-            scope_of[key] = scope
-            assigns.setdefault(scope, []).append(node)
-        elif tp in ret_t:
-            returns.setdefault(scope, []).append(node)
-        elif tp is FunctionDef:
-            scope_of[key] = scope
-            functions.append(node)
-            inner = node
-        push((node, leave))
-        kids = cached(key)
-        if kids is None:
-            kids = children(node)
-        for k in reversed(kids):
-            push((k, inner))
+class _Piece:
+    """The walk tables of one top-level statement, numbered from 0 (``_walk_reusing``)."""
+
+    def __init__(self) -> None:
+        self.parent, self.order, self.end, self.scope = _IdMap(), _IdMap(), _IdMap(), _IdMap()
+        self.calls, self.loops, self.withs, self.functions = [], [], [], []
+        self.calls_by_final, self.assigns, self.names, self.returns = {}, {}, {}, {}
+        self.count = 0
 
 
-def _walk_cache():
-    from bertlint.analysis import walk as _w
+def _walk_piece(stmt: cst.CSTNode) -> _Piece:
+    p = _Piece()
+    p.count = _walk(p, stmt)  # type: ignore[arg-type]
+    return p
 
-    return _w._CACHE.get
+
+def _walk_reusing(flow: "EvalFlow", root: cst.Module, reuse, filename: str) -> bool:
+    """``_walk`` of ``root`` from the walks of its top-level statements (``reuse``: the language server's
+    ``bertlint.stmtcache.StatementCache``, which keeps them for the statement objects of the last lint): a
+    statement's numbers shifted by the nodes before it, every table in the order one walk fills it. False when the
+    module's children are not its statements (then ``_walk`` runs)."""
+    body = root.body
+    kids = children(root)
+    if len(kids) != len(body) or any(a is not b for a, b in zip(kids, body)):
+        return False
+    try:
+        pieces = reuse.pieces("evalflow", filename, body, _walk_piece)
+    except AttributeError:  # ``_walk`` fills a table ``_Piece`` does not have (added since): one walk, as ever
+        return False
+    parent, order, end, scope_of = flow.parent.d, flow.order.d, flow.end.d, flow.scope.d
+    order[id(root)] = 0
+    n = 1
+    for st, p in zip(body, pieces):
+        parent[id(st)] = root
+        parent.update(p.parent.d)
+        od = p.order.d
+        if len(od) == p.count:  # numbered 0, 1, ... in insertion order
+            order.update(zip(od, range(n, n + p.count)))
+        else:  # a node object met twice (never in a parsed tree): its last number, as the walk leaves it
+            order.update({k: v + n for k, v in od.items()})
+        end.update({k: v + n for k, v in p.end.d.items()})
+        scope_of.update(p.scope.d)
+        flow.calls.extend(p.calls)
+        flow.loops.extend(p.loops)
+        flow.withs.extend(p.withs)
+        flow.functions.extend(p.functions)
+        for mine, theirs in ((flow.calls_by_final, p.calls_by_final), (flow.assigns, p.assigns),
+                             (flow.names, p.names), (flow.returns, p.returns)):
+            for k, v in theirs.items():
+                have = mine.get(k)
+                if have is None:
+                    mine[k] = list(v)
+                else:
+                    have.extend(v)
+        n += p.count
+    end[id(root)] = n - 1
+    return True
 
 
 class _IdMap:
@@ -342,8 +340,9 @@ _LEAVE = _Leave()
 
 
 class EvalFlow:
-    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "", parents: Optional[dict] = None) -> None:
-        """``parents``: the parents map of ``FileContext.index`` for this module (then its walk is not repeated)."""
+    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "", reuse=None) -> None:
+        """``reuse``: the language server's per-statement cache (``bertlint.stmtcache``): the walk tables of the
+        top-level statements the last lint of ``filename`` had are taken from there (same tables)."""
         self.module = module
         self.symbols = symbols
         self.filename = filename
@@ -359,9 +358,7 @@ class EvalFlow:
         self.assigns: dict[Scope, list[cst.CSTNode]] = {}
         self.names: dict[Scope, list[cst.Name]] = {}
         self.returns: dict[Scope, list[cst.CSTNode]] = {}
-        if parents is not None:
-            _walk_indexed(self, module, parents)
-        else:
+        if reuse is None or type(module) is not cst.Module or not _walk_reusing(self, module, reuse, filename):
             _walk(self, module)
         self._call_orders = [self.order[c] for c in self.calls]
         self._grad_memo: dict[int, str] = {}
@@ -803,6 +800,17 @@ class EvalFlow:
                     return False
                 if self._compiled_runtime(func.value):
                     return False
+                recv = func.value
+                if isinstance(recv, cst.Name) and recv.value[:1].islower() and recv.value not in self.symbols.imports \
+                        and recv.value not in self.symbols.classes:
+                    # `tokenizer_class.from_pretrained(...)`: a class held in a variable (`config_class, model_class,
+                    # tokenizer_class = MODEL_CLASSES[model_type]`); tokenizers, configs and processors have
+                    # `from_pretrained` too, so the call alone does not say it builds a model: the variable's name
+                    # may say what it holds, else the bound name decides
+                    tokens = set(recv.value.lower().split("_"))
+                    if tokens & {"tokenizer", "processor", "config", "extractor", "feature"}:
+                        return False
+                    return None
                 return True
         q = self.qual(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
         last = final(q)

@@ -1215,8 +1215,28 @@ class _Builder:
                 self._resolving.discard(target)
             if len(classes) > 1:
                 info.class_name = info.family = info.head = info.architecture = info.local_class = None
+            methods = self._methods_of_one_class([a.func for a in assigns])
+            if methods is not None:
+                # `self.model.gradient_checkpointing_enable()` and the like in the methods of the class that binds
+                # `self.model` (a LightningModule's __init__, setup, configure_model)
+                self._scan_model_var(info, target, None, only=methods)
             return info
         return None
+
+    def _methods_of_one_class(self, funcs: list) -> Optional[set]:
+        """ids of the methods of the one class whose methods hold every function in ``funcs``; None when they are not
+        all methods of one class (a module-level binding, two classes)."""
+        cls = None
+        for f in funcs:
+            if not isinstance(f, cst.FunctionDef):
+                return None
+            owner = next((a for a in self.ctx.index.ancestors(f) if isinstance(a, (cst.ClassDef, cst.FunctionDef))), None)
+            if not isinstance(owner, cst.ClassDef) or (cls is not None and owner is not cls):
+                return None
+            cls = owner
+        if cls is None or not isinstance(cls.body, cst.IndentedBlock):
+            return None
+        return {id(st) for st in cls.body.body if isinstance(st, cst.FunctionDef)}
 
     def _model_from_unpack(self, name: str, func: Any, depth: int) -> Optional[ModelInfo]:
         """``model, tokenizer = load(args)`` where ``load`` is the one function of this file by that name and every
@@ -1275,6 +1295,20 @@ class _Builder:
             if isinstance(inner, cst.Name):
                 if inner.value in self._resolving:
                     return True  # `model = model.half()`: the other bindings of the name say what it is
+                sub = self.model_from_expr(inner, func, depth + 1)
+                if sub:
+                    self._merge(info, sub)
+                    return True
+            return False
+        if last == "compile" and (name == "torch.compile" or self.t.qualname(call.func) == "torch.compile"):
+            # `torch.compile(model)` wraps the same module: same parameters, dtype, PEFT adapters, checkpointing
+            # (the OptimizedModule forwards attribute access to it)
+            inner = positional(call, 0) or kwarg(call, "model")
+            if isinstance(inner, cst.Call):
+                return self._model_from_call(inner, func, depth + 1, info)
+            if isinstance(inner, (cst.Name, cst.Attribute)) and dotted(inner):
+                if dotted(inner) in self._resolving:
+                    return True  # `m = torch.compile(m)`: the other bindings of the name say what it is
                 sub = self.model_from_expr(inner, func, depth + 1)
                 if sub:
                     self._merge(info, sub)
@@ -1462,10 +1496,14 @@ class _Builder:
             have = {id(x) for x in getattr(info, lst)}
             getattr(info, lst).extend(x for x in getattr(sub, lst) if id(x) not in have)
 
-    def _scan_model_var(self, info: ModelInfo, var: str, func: Any) -> None:
-        """Method calls and loops on the model variable: casts, checkpointing, freezing, input-grad hooks."""
+    def _scan_model_var(self, info: ModelInfo, var: str, func: Any, only: Optional[set] = None) -> None:
+        """Method calls and loops on the model variable: casts, checkpointing, freezing, input-grad hooks. ``only``: the
+        ids of the functions to read (the methods of the class binding ``self.<name>``) instead of ``func``."""
         for site in self.col.calls:
-            if func is not None and site.func is not func and site.func is not None:
+            if only is not None:
+                if id(site.func) not in only:
+                    continue
+            elif func is not None and site.func is not func and site.func is not None:
                 continue
             f = site.call.func
             if not isinstance(f, cst.Attribute):
@@ -1505,6 +1543,8 @@ class _Builder:
             if target == f"{var}.config.is_decoder" and any(literal(a.value) is True for a in assigns):
                 info.is_decoder = True
         for loop, lfunc in self.col.fors:
+            if only is not None and id(lfunc) not in only:
+                continue
             if var not in code_of(loop.iter):  # before the loop's whole text (a training loop is long)
                 continue
             text = code_of(loop)
@@ -1725,14 +1765,19 @@ class _Builder:
         # simulator read them; rules about Trainers never do
         seen = {(m.var, id(m.node)) for m in fs.models}
         for site in self.col.calls:
-            if len(site.targets) != 1 or not site.targets[0] or "." in site.targets[0]:
+            if len(site.targets) != 1 or not site.targets[0]:
+                continue
+            target = site.targets[0]
+            attr = target.startswith("self.") and target.count(".") == 1  # `self.model = ...` in a LightningModule
+            if "." in target and not attr:
                 continue
             last = (call_name(site.call) or "").split(".")[-1]
             head = (dotted(site.call.func.value) or "") if isinstance(site.call.func, cst.Attribute) else ""
             if not (last == "from_pretrained" and (head.split(".")[-1].startswith("AutoModel") or split_class(head.split(".")[-1])[0])) \
                     and not split_class(last)[0]:
                 continue
-            m = self.model_from_expr(cst.Name(site.targets[0]), site.func)
+            expr = cst.Attribute(value=cst.Name("self"), attr=cst.Name(target[5:])) if attr else cst.Name(target)
+            m = self.model_from_expr(expr, site.func)
             if m is not None and m.node is not None and (m.var, id(m.node)) not in seen \
                     and all(x.node is not m.node for x in fs.models):
                 fs.models.append(m)

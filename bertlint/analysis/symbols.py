@@ -1362,9 +1362,110 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def build(module: cst.Module) -> SymbolTable:
+def build(module: cst.Module, reuse=None, filename: str = "") -> SymbolTable:
+    """``reuse``: the language server's per-statement cache (``bertlint.stmtcache``): the tables of the top-level
+    statements the last lint of ``filename`` had are taken from there and merged (the table one walk gives)."""
+    if reuse is not None and type(module) is cst.Module:
+        from bertlint.analysis.walk import children
+
+        kids = children(module)
+        if _mergeable() and len(kids) == len(module.body) and all(a is b for a, b in zip(kids, module.body)):
+            return _merged(reuse.pieces("symbols", filename, module.body, _piece))
     t = SymbolTable()
     walk(module, t)
+    return t
+
+
+# Every attribute a SymbolTable has after __init__, each merged by ``_merged``: a table with another attribute (one
+# added since) is built by one walk until ``_merged`` merges it too.
+_MERGED_ATTRS = frozenset({
+    "imports", "imported_modules", "assignments", "argparse", "dataclass_fields", "classes", "functions",
+    "class_bases", "_func_stack", "_class_stack", "loop_nodes", "unpacks", "calls", "method_class", "class_methods",
+    "module_funcs", "_scope", "_loop_stack", "scope_parent", "returns", "stmt_calls", "defs", "backward_calls",
+    "backward_loops", "aug_assigns", "item_assigns", "unpack_seq", "class_attrs", "class_body_nodes", "_seq",
+    "metadata",  # CSTVisitor's (empty: the walk runs no metadata providers)
+})
+_MERGEABLE: list = []
+
+
+def _mergeable() -> bool:
+    if not _MERGEABLE:
+        _MERGEABLE.append(set(vars(SymbolTable())) == _MERGED_ATTRS)
+    return _MERGEABLE[0]
+
+
+class _Adds(dict):
+    """A set's ``add`` that remembers the order of first additions (a piece's ``imported_modules``,
+    ``class_body_nodes``): the merged set gets its elements in the order one walk adds them."""
+
+    def add(self, x) -> None:
+        self[x] = None
+
+
+def _piece(stmt: cst.CSTNode) -> SymbolTable:
+    """The table of one top-level statement alone. Every visit reads only the stacks of the statement it is in
+    (function, class, scope, loop), which are empty again after each top-level statement, so the table of the
+    whole module is the pieces' merged in order, binding numbers (``seq``) shifted by the bindings before."""
+    t = SymbolTable()
+    t.imported_modules = _Adds()  # type: ignore[assignment]
+    t.class_body_nodes = _Adds()  # type: ignore[assignment]
+    walk(stmt, t)
+    return t
+
+
+def _merged(pieces: list) -> SymbolTable:
+    """One walk's table from the pieces (which stay as they are: lists, dicts and the records that analyses might
+    change are new objects here)."""
+    import copy
+
+    t = SymbolTable()
+    off = 0
+    for p in pieces:
+        t.imports.update(p.imports)
+        for m in p.imported_modules:
+            t.imported_modules.add(m)
+        for k, v in p.assignments.items():
+            t.assignments.setdefault(k, []).extend(
+                Assignment(a.target, a.value, a.func, a.node, a.seq + off) for a in v)
+        for k, o in p.argparse.items():
+            d = o.default
+            t.argparse[k] = ArgOption(o.dest, copy.deepcopy(d) if isinstance(d, (list, dict, set, tuple)) else d,
+                                      o.type_name, o.call)
+        for k, v in p.dataclass_fields.items():
+            t.dataclass_fields.setdefault(k, []).extend(v)
+        t.classes.update(p.classes)
+        for k, v in p.functions.items():
+            t.functions.setdefault(k, []).extend(v)
+        for k, v in p.class_bases.items():
+            t.class_bases[k] = list(v)
+        t.loop_nodes.extend((n, f, list(o)) for n, f, o in p.loop_nodes)
+        t.unpacks.extend((list(names), c, f) for names, c, f in p.unpacks)
+        t.calls.extend(p.calls)
+        t.method_class.update(p.method_class)
+        for k, v in p.class_methods.items():
+            t.class_methods.setdefault(k, {}).update(v)
+        for k, v in p.module_funcs.items():
+            t.module_funcs.setdefault(k, []).extend(v)
+        t.scope_parent.update(p.scope_parent)
+        for k, v in p.returns.items():
+            t.returns.setdefault(k, []).extend(v)
+        t.stmt_calls.extend(p.stmt_calls)
+        t.defs.extend(p.defs)
+        t.backward_calls.extend(p.backward_calls)
+        for k, v in p.backward_loops.items():
+            t.backward_loops[k] = list(v)
+        for k, v in p.aug_assigns.items():
+            t.aug_assigns.setdefault(k, []).extend(v)
+        for k, v in p.item_assigns.items():
+            t.item_assigns.setdefault(k, []).extend(v)
+        for k, v in p.unpack_seq.items():
+            t.unpack_seq[k] = v + off
+        for k, v in p.class_attrs.items():
+            t.class_attrs.setdefault(k, {}).update(v)
+        for x in p.class_body_nodes:
+            t.class_body_nodes.add(x)
+        off += p._seq
+    t._seq = off
     return t
 
 

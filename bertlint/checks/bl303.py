@@ -192,7 +192,7 @@ def _transformers(ctx) -> None:
         last = (4, 50, 0) if before == "4.51.0" else (4, 57, 1)
         tv = TargetVersion("transformers", last, f"the releases before {before} the script was written for: {why}; "
                            f"no pin near the script", exact=False)
-    for s in ctx.setup.setups:
+    for s in _setups(ctx):
         m = s.model
         if m is None or m.input_require_grads or (m.family is None and not m.from_pretrained):
             continue
@@ -234,6 +234,23 @@ def _transformers(ctx) -> None:
                 severity=sev,
             )
             break
+
+
+def _setups(ctx) -> list:
+    """The Trainer set-ups, then every model the file builds outside them whose own checkpointing call is known
+    (a LightningModule's ``self.model``, a hand-written loop's model): enabling checkpointing on a PEFT model is
+    training set-up wherever the loop is, and the model's reentrancy does not depend on who runs the steps."""
+    from bertlint.analysis.setup import TrainingSetup
+
+    fs = ctx.setup
+    out = list(fs.setups)
+    have = {id(s.model) for s in out if s.model is not None}
+    have_nodes = {id(s.model.node) for s in out if s.model is not None and s.model.node is not None}
+    for m in fs.models:
+        if id(m) in have or (m.node is not None and id(m.node) in have_nodes) or not m.checkpointing:
+            continue
+        out.append(TrainingSetup("model", m.node, None, None, m))
+    return out
 
 
 def _prep_without_checkpointing(call) -> bool:

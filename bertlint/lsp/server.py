@@ -106,12 +106,14 @@ _RECENT_PER_FILE = 4
 
 def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
     """Runs on the worker thread."""
-    global _reparser
+    global _reparser, _stmt_cache
     guard_rules()
     if _reparser is None:
         from bertlint.incremental import Reparser
+        from bertlint.stmtcache import StatementCache
 
         _reparser = Reparser()
+        _stmt_cache = StatementCache()
     out = LintOutcome(None)
     settings = None
     try:
@@ -128,8 +130,13 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
             return out
     _tls.rule_errors = out.rule_errors
     try:
-        parse = functools.partial(_reparser.parse, filename) if filename.endswith(".py") else None
-        out.diagnostics = convert.lint(text, filename, settings, parse)
+        if filename.endswith(".py"):
+            from bertlint import stmtcache
+
+            with stmtcache.using(_stmt_cache, filename, text):
+                out.diagnostics = convert.lint(text, filename, settings, functools.partial(_reparser.parse, filename))
+        else:
+            out.diagnostics = convert.lint(text, filename, settings)
     except Exception:  # RecursionError on absurd nesting, an engine bug: keep the server alive
         out.crash = traceback.format_exc(limit=12)
     finally:
@@ -143,12 +150,17 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
 # The last module of each open Python file: a change re-parses only the top-level statements it touched
 # (``bertlint/incremental.py``; the result is the module a full parse gives). Used on the worker thread only.
 _reparser = None
+# What the analyses computed from each top-level statement of the last module of each open Python file that is still
+# valid for the same statement object (``bertlint/stmtcache.py``: structural tables only). Worker thread only.
+_stmt_cache = None
 
 
 def forget(filename: str) -> None:
     _recent.pop(filename, None)
     if _reparser is not None:
         _reparser.forget(filename)
+    if _stmt_cache is not None:
+        _stmt_cache.forget(filename)
 
 
 # ---------------------------------------------------------------------------------------------------
