@@ -979,6 +979,8 @@ class EvalFlow:
                 return "lightning"
             if last.endswith("PreTrainedModel") or last == "PreTrainedModel":
                 return "pretrained"
+            if last == "ModelMixin" and q.startswith("diffusers."):
+                return "module"  # diffusers' ModelMixin is a torch.nn.Module (UNet2DConditionModel, AutoencoderKL)
             if q.startswith("torch.nn.") and last[:1].isupper():
                 return "module"  # nn.Sequential, nn.ModuleList, ...
             local = self.symbols.classes.get(dotted(b.value) or "")
