@@ -47,26 +47,28 @@ def _names_of(t) -> list:
     return []
 
 
+_CHUNK_CALLS = ("chunk", "split", "tensor_split")
+
+
+def _callee_name(call: cst.Call) -> str:
+    """The called name's last part: ``chunk`` for ``batch.chunk(4)``, ``range`` for ``range(N)``."""
+    f = call.func
+    return f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else ""
+
+
 def _chunks_name(ctx, name: str, loop) -> bool:
     """``chunks = batch.chunk(N)`` (or ``.split`` / ``torch.split``) is the only binding of ``name`` in the function
-    that holds ``loop``: iterating ``name`` iterates the chunks of a batch."""
+    that holds ``loop`` (or one enclosing it): iterating ``name`` iterates the chunks of a batch."""
     if ctx is None:
         return False
-    from bertlint.analysis.walk import iter_nodes
-
-    mine = [a for a in ctx.symbols.assignments.get(name, [])
-            if a.func is not None and any(n is loop for n in iter_nodes(a.func))]
-    if not mine:
-        return False
-    for a in mine:
-        v = a.value
-        if not isinstance(v, cst.Call):
-            return False
-        fname = v.func.attr.value if isinstance(v.func, cst.Attribute) else \
-            v.func.value if isinstance(v.func, cst.Name) else ""
-        if fname not in ("chunk", "split", "tensor_split"):
-            return False
-    return True
+    t = ctx.symbols
+    func = next((fn for n, fn, _ in t.loop_nodes if n is loop), None)
+    holders = set()
+    while func is not None:
+        holders.add(id(func))
+        func = t.scope_parent.get(id(func))
+    mine = [a for a in t.assignments.get(name, []) if a.func is not None and id(a.func) in holders]
+    return bool(mine) and all(isinstance(a.value, cst.Call) and _callee_name(a.value) in _CHUNK_CALLS for a in mine)
 
 
 def _micro_loop_by_usage(node, tr, run, ctx=None) -> bool:
@@ -80,11 +82,10 @@ def _micro_loop_by_usage(node, tr, run, ctx=None) -> bool:
             and it.args:
         it = it.args[0].value
     if isinstance(it, cst.Call):
-        name = it.func.attr.value if isinstance(it.func, cst.Attribute) else \
-            it.func.value if isinstance(it.func, cst.Name) else ""
+        name = _callee_name(it)
         if name == "range" and len(it.args) == 1 and tr.n_text and code_of(it.args[0].value).strip() == tr.n_text:
             return True
-        if name in ("chunk", "split", "tensor_split"):
+        if name in _CHUNK_CALLS:
             return True
     if isinstance(it, cst.Name) and (it.value in _loader_items(run) or _chunks_name(ctx, it.value, node)):
         return True
