@@ -267,6 +267,11 @@ class FileDryRun:
         self._inside: dict = {}
         self.call_facts: dict = {}  # (id(call), id(function), inlined) -> facts of the call (``_Runner._call``)
         self.callees: dict = {}  # (id(call), id(function), id(class)) -> the function it runs (``_Runner._callee``)
+        # facts of a node the same on every pass of every run (each entry holds the node, so its id stays unique):
+        self.dotted: dict = {}  # id(expression) -> (expression, its dotted name or None)
+        self.resolved: dict = {}  # (id(expression) or name, id(function)) -> (function, what the resolver gives)
+        self.eq_consts: dict = {}  # id(condition) -> (condition, _eq_const); configuration key -> _eq_const of it
+        self.call_static: dict = {}  # id(call) -> (call, _clip_by_name, _reduction_sum)
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
         for loop in list(self.f) + _manual_steps(self):
             try:
@@ -1394,6 +1399,7 @@ class _Runner:
         self.local_defs = dr.local_defs(loop.func)
         self.acc_n = self._accelerator_n()
         self.cfg_exprs: dict = {}  # configuration key -> the condition expression it was read from
+        self._dotted = dr.dotted
         self.n_ncall = bool(n_text) and ".get(" in n_text  # N spelled as a dict lookup call
 
     # ------------------------------------------------------------------ facts
@@ -1917,7 +1923,9 @@ class _Runner:
         return None
 
     def _stmt(self, stmt, frame, chain, level) -> Optional[str]:
-        self.tick()
+        self.cost += 1  # (tick(), inlined: the hottest call of the run)
+        if self.cost > BUDGET:
+            raise _Abort()
         tp = type(stmt)
         if tp is cst.SimpleStatementLine or tp is cst.SimpleStatementSuite:
             return self._simple_line(stmt, frame)
@@ -2375,10 +2383,17 @@ class _Runner:
                 return Num(v, is_n=bool(v and v > 1), text=name)  # the Accelerator's own N
         varies = name in self.loop_names or name.split(".")[0] in self.loop_names or frame.depth > 0 and False
         lit = None
-        try:
-            v = self.f.r.value(_name_expr(name), func)
-        except Exception:
-            v = None
+        memo = self.dr.resolved  # the symbol table's answer for the name in its function: the same in every run
+        key = (name, id(func))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is func:
+            v = hit[1]
+        else:
+            try:
+                v = self.f.r.value(_name_expr(name), func)
+            except Exception:
+                v = None
+            memo[key] = (func, v)
         if isinstance(v, bool):
             lit = v
         elif isinstance(v, int):
@@ -2550,7 +2565,7 @@ class _Runner:
         self.cfg_exprs[key] = expr
         if key in self.config:
             return self.config[key] == pol
-        other = _eq_excluded(expr, self.config)
+        other = _eq_excluded(expr, self.config, self.dr.eq_consts)
         if other is not None:
             # ``x == "native"`` after ``x == "apex"`` held: one value equals one constant at most (no split, and no
             # configuration where both hold)
@@ -2596,7 +2611,9 @@ class _Runner:
         return True
 
     def ev(self, e, frame):
-        self.tick()
+        self.cost += 1  # (tick(), inlined)
+        if self.cost > BUDGET:
+            raise _Abort()
         tp = type(e)
         if tp is cst.Integer:
             try:
@@ -2613,7 +2630,12 @@ class _Runner:
             if e.attr.value in ("no_sync", "no_backward_sync"):
                 self.sync_control = True
                 return _CtxFn("no_sync", self.dr.code(e))
-            d = dotted(e)
+            hit = self._dotted.get(id(e))
+            if hit is not None and hit[0] is e:
+                d = hit[1]
+            else:
+                d = dotted(e)
+                self._dotted[id(e)] = (e, d)
             if d is not None:
                 if d.endswith(".sync_gradients"):
                     return self.sync if self.in_acc or self.sync is not True else True
@@ -2739,9 +2761,19 @@ class _Runner:
         """A value the symbol table resolves (``cfg["gradient_accumulation_steps"]``), else unknown."""
         if self.n_text and self.dr.code(e) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)
-        try:
-            v = self.f.r.value(e, frame.func)
-        except Exception:
+        func = frame.func
+        memo = self.dr.resolved  # the symbol table's answer is a fact of the expression in its function
+        key = (id(e), id(func))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is e and hit[1] is func:
+            v = hit[2]
+        else:
+            try:
+                v = self.f.r.value(e, func)
+            except Exception:
+                v = _MISSING
+            memo[key] = (e, func, v)
+        if v is _MISSING:
             return UNK
         if isinstance(v, bool):
             return v
@@ -3082,7 +3114,7 @@ class _Runner:
                 args, kws = self._args(call, frame, argv)
                 return self._inline(fn, args, kws, frame, call)
             return Tensor(T.Scale(), True, call)
-        if _clip_by_name(call, func):
+        if self._static(call)[1]:
             # ``self.clip_grad_fun(parameters=model.parameters())``: a clipping function the script built elsewhere
             # (a builder of another module, a config choice) handed the model's parameters: a clip, known by its
             # name and its argument only (a finding resting on it is lowered a severity)
@@ -3258,9 +3290,10 @@ class _Runner:
     def _sum_reduced(self, call) -> bool:
         """``criterion(..., reduction="sum")``, or the call of a model whose class (defined in this file) returns
         such a loss from ``forward``."""
-        if _reduction_sum(call):
+        st = self._static(call)
+        if st[2]:
             return True
-        d = dotted(call.func)
+        d = st[3]
         if d is None:
             return False
         memo = self.dr.__dict__.setdefault("_sum_forward", {})
@@ -3281,6 +3314,14 @@ class _Runner:
                         memo[d] = _returns_sum_loss(st)
                 break
         return memo[d]
+
+    def _static(self, call) -> tuple:
+        """(call, _clip_by_name, _reduction_sum, dotted callee) of a call node: facts of its text, computed once."""
+        memo = self.dr.call_static
+        hit = memo.get(id(call))
+        if hit is None or hit[0] is not call:
+            hit = memo[id(call)] = (call, _clip_by_name(call, call.func), _reduction_sum(call), dotted(call.func))
+        return hit
 
     def _args(self, call, frame, argv):
         args, kws = [], {}
@@ -4065,20 +4106,31 @@ def _eq_const(expr) -> Optional[tuple]:
     return _norm(code_of(expr.left)), d
 
 
-def _eq_excluded(expr, config: dict) -> Optional[str]:
+def _eq_excluded(expr, config: dict, memo: Optional[dict] = None) -> Optional[str]:
     """The key of a configuration condition ``x == A`` that holds in ``config`` while ``expr`` is ``x == B`` with a
-    different constant ``B``: ``expr`` is then False (None: not such a case)."""
-    mine = _eq_const(expr)
-    if mine is None or not config:
+    different constant ``B``: ``expr`` is then False (None: not such a case). ``memo`` (the file's): ``_eq_const`` of
+    the expression and of each key, computed once."""
+    if not config:
+        return None
+    if memo is None:
+        memo = {}
+    hit = memo.get(id(expr))
+    if hit is None or hit[0] is not expr:
+        hit = memo[id(expr)] = (expr, _eq_const(expr))
+    mine = hit[1]
+    if mine is None:
         return None
     for k, held in config.items():
         if held is not True or " == " not in k:
             continue
-        try:
-            e2 = cst.parse_expression(k)
-        except Exception:
-            continue
-        theirs = _eq_const(e2)
+        if k in memo:
+            theirs = memo[k]
+        else:
+            try:
+                theirs = _eq_const(cst.parse_expression(k))
+            except Exception:
+                theirs = None
+            memo[k] = theirs
         if theirs is not None and theirs[0] == mine[0] and theirs[1] != mine[1]:
             return k
     return None
