@@ -160,6 +160,13 @@ class _Abort(Exception):
     pass
 
 
+# the attributes and qualified names ``_Runner._call`` tests before it looks for a same-file function (any other call
+# goes straight to ``_call_rest``)
+_CALL_ATTRS = frozenset({"values", "clip_grad_norm_", "clip_grad_value_", "clip_gradients", "step",
+                         "set_gradient_accumulation_boundary", "unscale_", "update", "scale", "zero_grad", "no_sync",
+                         "no_backward_sync", "div_", "mul_"})
+_CALL_QS = CLIP_QUALNAMES | {"torch.stack", "torch.cat", "torch.concat", "torch.sum", "torch.mean"}
+
 _RELEVANT = frozenset({
     "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
     "unscale_", "update", "scale", "no_sync", "no_backward_sync", "accumulate", "div_", "mul_",
@@ -2993,6 +3000,8 @@ class _Runner:
             for a in call.args:
                 argv.append(self.ev(a.value, frame))
         base = self.ev(recv_node, frame) if recv_node is not None else None
+        if attr not in _CALL_ATTRS and q not in _CALL_QS and type(base) is not DictVal and type(base) is not ListVal:
+            return self._call_rest(call, frame, func, attr, recv, recv_node, argv, base)
         if isinstance(base, DictVal) and attr == "values" and not argv:
             out = ListVal()
             for v in base.slots.values():
@@ -3100,6 +3109,12 @@ class _Runner:
                 ".grad" in (recv if recv is not None else self.dr.code(recv_node))):
             self.emit("rescale", call, scale=T.Scale((T.Factor(T.OTHER, self.dr.code(call)),)))
             return UNK
+        return self._call_rest(call, frame, func, attr, recv, recv_node, argv, base)
+
+    def _call_rest(self, call, frame, func, attr, recv, recv_node, argv, base):
+        """``_call`` past the calls the trace records by their attribute or qualified name (``_CALL_ATTRS``,
+        ``_CALL_QS``): same-file functions, clips by name, values."""
+        f = self.f
         if type(func) is cst.Name:
             fv = frame.locals.get(func.value)
             if isinstance(fv, _CtxFn):
