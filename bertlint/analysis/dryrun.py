@@ -2291,7 +2291,12 @@ class _Runner:
             for el in target.elements:
                 self._assign(el.value, v if isinstance(v, Tensor) else UNK, frame)
             return
-        d = dotted(target)
+        hit = self._dotted.get(id(target))
+        if hit is not None and hit[0] is target:
+            d = hit[1]
+        else:
+            d = dotted(target)
+            self._dotted[id(target)] = (target, d)
         if d is None:
             if tt is cst.Subscript:
                 base = self.ev(target.value, frame)
@@ -2628,11 +2633,16 @@ class _Runner:
             except ValueError:
                 return Num(None)
         if tp is cst.Name:
-            if e.value in ("True", "False"):
-                return e.value == "True"
-            if e.value == "None":
+            nm = e.value
+            if nm in ("True", "False"):
+                return nm == "True"
+            if nm == "None":
                 return None
-            return self.load(e.value, frame)
+            if nm != self._range_len:  # (load's first test; a plain name is never a ``self.`` path)
+                got = frame.locals.get(nm, _MISSING)
+                if got is not _MISSING:
+                    return got
+            return self.load(nm, frame)
         if tp is cst.Attribute:
             if e.attr.value in ("no_sync", "no_backward_sync"):
                 self.sync_control = True
