@@ -1503,12 +1503,16 @@ class _Runner:
         if fn is None:
             return "once"
         opts = {e.opt or e.target for e in self.trace.events if e.kind == "step"}
-        for n in _walk(fn.body):
-            if type(n) is cst.Assign and type(n.value) is cst.Call:
-                for t in n.targets:
-                    if any(nm in opts for nm in _target_names(t.target)):
-                        return "once"
-        return "call"
+        memo = self.dr.__dict__.setdefault("_built_names", {})  # id(function) -> (function, names it assigns a call)
+        hit = memo.get(id(fn))
+        if hit is None or hit[0] is not fn:
+            built = set()
+            for n in _walk(fn.body):
+                if type(n) is cst.Assign and type(n.value) is cst.Call:
+                    for t in n.targets:
+                        built.update(_target_names(t.target))
+            hit = memo[id(fn)] = (fn, built)
+        return "once" if not opts.isdisjoint(hit[1]) else "call"
 
     def _after_loop(self, path, frame) -> None:
         """No epoch loop around the training loop (its function is one epoch): the statements after the loop, up to
@@ -2015,7 +2019,7 @@ class _Runner:
         # inlined helper's ``for k, v in kwargs.items()`` included, skips nothing of the micro-batch loop)
         exits = self.dr.loop_exits(stmt) if self.in_micro and not self.trace.undecided_skip and not self.probe \
             and len(self.inner_loops) == self._micro_inner else None
-        if exits and not _training_stop(stmt, self.loop, exits):
+        if exits and not self._training_stop(stmt, exits):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
         first_ev = len(self.trace.events)
@@ -2063,6 +2067,15 @@ class _Runner:
                 # ``if (i + 1) % M: continue`` — the rest of the iteration (the step) runs on the other side
                 self.guard_periods.append((mod, len(self.trace.events), self.mb, frame.func))
         return None
+
+    def _training_stop(self, stmt, exits) -> bool:
+        """``_training_stop`` of the statement in this loop (``exits``: ``FileDryRun.loop_exits``), once per file."""
+        memo = self.dr.__dict__.setdefault("_stops", {})
+        key = (id(stmt), id(self.loop))
+        hit = memo.get(key)
+        if hit is None or hit[0] is not stmt or hit[1] is not self.loop:
+            hit = memo[key] = (stmt, self.loop, _training_stop(stmt, self.loop, exits))
+        return hit[2]
 
     def _hint(self, v: Optional[int], text: str, node, source: str) -> None:
         """A candidate for N by its name alone (``loss / args.grad_accum``): ranked after those found by usage, and
