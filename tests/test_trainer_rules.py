@@ -253,6 +253,18 @@ def test_bl407_introduced_keyword_look_alikes():
     assert codes(src, "4.38.0", code="BL407") == []
 
 
+def test_bl407_introduced_keyword_declared_by_the_project_class():
+    # the project's own dataclass declares the field, and the Trainer subclass takes processing_class itself
+    src = ("from dataclasses import dataclass\nfrom transformers import Trainer, TrainingArguments\n"
+           "@dataclass\nclass MyArgs(TrainingArguments):\n    eval_strategy: str = 'no'\n"
+           "class MyTrainer(Trainer):\n    def __init__(self, *a, processing_class=None, **kw):\n"
+           "        super().__init__(*a, tokenizer=processing_class, **kw)\n"
+           "args = MyArgs('o', eval_strategy='steps')\ntrainer = MyTrainer(model=m, args=args, processing_class=tok)\n")
+    assert codes(src, "4.38.0", code="BL407") == []
+    assert [r for _, r in codes(src.replace("    eval_strategy: str = 'no'\n", "    pass\n"), "4.38.0",
+                                code="BL407")] == [9]
+
+
 def test_bl305_only_from_5_23():
     src = "from transformers import TrainingArguments\nTrainingArguments('o', gradient_checkpointing=True)\n"
     assert codes(src, "5.22.0", "BL305") == []

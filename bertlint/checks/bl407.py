@@ -122,11 +122,14 @@ def check(ctx) -> None:
     for ta in fs.training_args:
         for name, s in ta.explicit.items():
             if name in ADDED:
-                _report_added(ctx, ta, name, s, on_missing, fix_kind, sev)
+                if not declared_by_project(ta, name):
+                    _report_added(ctx, ta, name, s, on_missing, fix_kind, sev)
                 continue
             if name not in REMOVED:
                 continue
             removed, repl, rename = REMOVED[name]
+            if declared_by_project(ta, name):
+                continue
             on = on_removed(removed)
             if on is None:
                 continue
@@ -154,7 +157,8 @@ def check(ctx) -> None:
             # `processing_class` before trl sees it
             continue
         for a in ti.node.args:
-            if a.keyword is not None and a.keyword.value in TRAINER_ADDED and not _trl_trainer(ctx, ti):
+            if a.keyword is not None and a.keyword.value in TRAINER_ADDED and not _trl_trainer(ctx, ti) and \
+                    not init_takes(ti, a.keyword.value):
                 # trl's trainers take `processing_class` by trl's own version, not transformers'
                 added, older, rename = TRAINER_ADDED[a.keyword.value]
                 on = on_missing(added)
@@ -165,6 +169,8 @@ def check(ctx) -> None:
                                fix=fix, severity=sev)
             if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
                 removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
+                if init_takes(ti, a.keyword.value):
+                    continue
                 on = on_removed(removed)
                 if on is not None:
                     fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
@@ -194,6 +200,28 @@ def _report_added(ctx, ta, name, s, on_missing, fix_kind, sev) -> None:
             f"the key. Fix: " + (f"use {older} instead." if older else "remove it."),
             severity=sev,
         )
+
+
+def declared_by_project(ta, name: str) -> bool:
+    """The project's own class in the constructor's class chain declares ``name`` as a field
+    (``class MyArgs(TrainingArguments): evaluation_strategy: str = "no"``): the keyword is that dataclass's, on every
+    transformers version. A class of the project whose definition is not readable may declare it (unknown: True)."""
+    declared = getattr(ta, "declared", frozenset())
+    return declared is None or name in declared
+
+
+def init_takes(ti, name: str) -> bool:
+    """A Trainer subclass of the project whose ``__init__`` takes ``name`` itself (a parameter of that name, or a
+    string key ``kwargs.pop("tokenizer")`` read in its body): the keyword never reaches transformers' ``__init__``."""
+    from bertlint.analysis.walk import iter_nodes
+
+    init = ti.methods.get("__init__") if getattr(ti, "methods", None) else None
+    if init is None:
+        return False
+    p = init.params
+    if any(q.name.value == name for q in (*p.posonly_params, *p.params, *p.kwonly_params)):
+        return True
+    return any(type(n) is cst.SimpleString and n.evaluated_value == name for n in iter_nodes(init.body))
 
 
 def _imports_unsloth(ctx) -> bool:
