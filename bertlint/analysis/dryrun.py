@@ -249,7 +249,7 @@ class LoopRun:
 
 
 class FileDryRun:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, reused: Optional[list] = None) -> None:
         self.ctx = ctx
         self.f = ctx.loops
         self.runs: list[LoopRun] = []
@@ -268,6 +268,9 @@ class FileDryRun:
         self.call_facts: dict = {}  # (id(call), id(function), inlined) -> facts of the call (``_Runner._call``)
         self.callees: dict = {}  # (id(call), id(function), id(class)) -> the function it runs (``_Runner._callee``)
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
+        if reused is not None:  # the last lint's runs, taken again (bertlint/dryreuse.py: the language server)
+            self.runs = [LoopRun(loop, traces, self, factor) for loop, traces, factor in reused]
+            return
         for loop in list(self.f) + _manual_steps(self):
             try:
                 traces, factor = _run_loop(self, loop)
@@ -476,8 +479,16 @@ class FileDryRun:
 def of(ctx) -> FileDryRun:
     d = ctx.__dict__.get("_dryrun")
     if d is None:
-        d = FileDryRun(ctx)
+        from bertlint import dryreuse
+
+        got = dryreuse.reuse(ctx)  # None outside the language server, or when the last run may not hold
+        d = FileDryRun(ctx, got) if got is not None else None
+        if d is not None and _manual_steps(d):
+            d = None  # a function stepping for a caller: such runs are not kept (dryreuse.remember)
+        if d is None:
+            d = FileDryRun(ctx)
         ctx.__dict__["_dryrun"] = d
+        dryreuse.remember(d)
     return d
 
 
