@@ -185,8 +185,11 @@ def _words_elsewhere(words: set, source: str, own: str) -> bool:
 
 
 def _changed_lines(text: str, start: int, end: int) -> str:
+    """The lines holding ``text[start:end]`` ("" when empty: the words an edit removed are in the other text's)."""
+    if end <= start:
+        return ""
     a = text.rfind("\n", 0, start) + 1
-    b = text.find("\n", end)
+    b = text.find("\n", end - 1)
     return text[a : len(text) if b < 0 else b]
 
 
@@ -320,24 +323,23 @@ def reuse(ctx):
         if why is not None:
             memo.last = why
             return None
-        loops = list(ctx.loops)
         done: dict = {}
-        runs = []
-        for node, traces, factor, manual in entry["runs"]:
-            new_node = _remap(node, mapping, done)
-            runs.append((new_node, _remap(traces, mapping, done), _remap(factor, mapping, done), manual))
-        by_node = {id(lp.node): lp for lp in loops}
-        if [id(r[0]) for r in runs if not r[3]] != [id(lp.node) for lp in loops]:
-            memo.last = "the training loops changed"
-            return None
+        runs = [(_remap(node, mapping, done), _remap(traces, mapping, done), _remap(factor, mapping, done))
+                for node, traces, factor in entry["runs"]]
         memo.last = "reused"
-        return [(by_node[id(n)], tr, fac) for n, tr, fac, _manual in runs]
+        return runs  # the FileDryRun checks that its loops and scripted steps are these nodes
     except _No as e:
         memo.last = f"an object the reuse does not know: {e}"
         return None
     except Exception as e:  # an edge case: the run decides
         memo.last = f"{type(e).__name__}: {e}"
         return None
+
+
+def not_reused(ctx, why: str) -> None:
+    active = _active(ctx)
+    if active is not None:
+        active[0].last = why
 
 
 def _no_siblings(ctx) -> bool:
@@ -369,14 +371,9 @@ def remember(dr) -> None:
     if not _no_siblings(ctx) or ctx.__dict__.get("foreign_sites"):
         memo.forget(ctx.filename)
         return
-    from bertlint.analysis import dryrun
-
     asked = []
     if "_acc_ds" in dr.__dict__:
         asked.append((_asked_deepspeed, _asked_deepspeed(ctx)))
-    runs = [(r.loop.node, r.traces, r.factor, isinstance(r.loop, dryrun.ManualStep)) for r in dr.runs]
-    if any(m for *_x, m in runs):
-        memo.forget(ctx.filename)  # scripted steps (a function stepping for a caller): always run again
-        return
+    runs = [(r.loop.node, r.traces, r.factor) for r in dr.runs]
     memo.put(ctx.filename, {"module": ctx.module, "source": ctx.source, "settings": getattr(ctx, "settings", None),
                             "runs": runs, "asked": asked})

@@ -268,10 +268,13 @@ class FileDryRun:
         self.call_facts: dict = {}  # (id(call), id(function), inlined) -> facts of the call (``_Runner._call``)
         self.callees: dict = {}  # (id(call), id(function), id(class)) -> the function it runs (``_Runner._callee``)
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
+        loops = list(self.f) + _manual_steps(self)
         if reused is not None:  # the last lint's runs, taken again (bertlint/dryreuse.py: the language server)
-            self.runs = [LoopRun(loop, traces, self, factor) for loop, traces, factor in reused]
+            if [id(lp.node) for lp in loops] != [id(node) for node, _tr, _acc in reused]:
+                raise _NotReused  # other loops or scripted steps than those of the last lint
+            self.runs = [LoopRun(lp, traces, self, factor) for lp, (_n, traces, factor) in zip(loops, reused)]
             return
-        for loop in list(self.f) + _manual_steps(self):
+        for loop in loops:
             try:
                 traces, factor = _run_loop(self, loop)
                 self.runs.append(LoopRun(loop, traces, self, factor))
@@ -476,15 +479,22 @@ class FileDryRun:
             sites[id(node)] = (node, site, project.info_of(fn))
 
 
+class _NotReused(Exception):
+    pass
+
+
 def of(ctx) -> FileDryRun:
     d = ctx.__dict__.get("_dryrun")
     if d is None:
         from bertlint import dryreuse
 
         got = dryreuse.reuse(ctx)  # None outside the language server, or when the last run may not hold
-        d = FileDryRun(ctx, got) if got is not None else None
-        if d is not None and _manual_steps(d):
-            d = None  # a function stepping for a caller: such runs are not kept (dryreuse.remember)
+        d = None
+        if got is not None:
+            try:
+                d = FileDryRun(ctx, got)
+            except _NotReused:
+                dryreuse.not_reused(ctx, "the training loops or scripted steps changed")
         if d is None:
             d = FileDryRun(ctx)
         ctx.__dict__["_dryrun"] = d
