@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import libcst as cst
 
+from bertlint import _parse
 from bertlint.config import Settings
 from bertlint.context import FileContext
 from bertlint import registry
@@ -80,7 +81,7 @@ def parse_python(source: str):
         if _bracket_depth(source) > 900:
             return ("the file nests brackets too deeply for the parser", 1, 1)
     try:
-        return cst.parse_module(source)
+        return _parse.parse_module(source)
     except cst.ParserSyntaxError as e:
         fallback = (f"SyntaxError: {e.message}", e.raw_line, e.raw_column + 1)
     except RecursionError:

@@ -24,6 +24,8 @@ from typing import Optional, Union
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
+from bertlint import _parse
+
 # a document's state: (text, module, header length, statement lengths) or None when not usable incrementally
 _State = tuple
 
@@ -229,7 +231,7 @@ def _splice(old: _State, new: str, inner: Optional[dict] = None):
     if not frag:
         return None
     try:
-        part = cst.parse_module(frag)
+        part = _parse.parse_module(frag)
     except Exception:
         return None
     if part.default_indent != module.default_indent or part.default_newline != module.default_newline:

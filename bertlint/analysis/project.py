@@ -58,6 +58,7 @@ from typing import Optional
 
 import libcst as cst
 
+from bertlint import _parse
 from bertlint.analysis.symbols import dotted
 
 MAX_HOPS = 2
@@ -161,7 +162,7 @@ class ModuleInfo:
                 node = None  # (under an ``if`` / ``try``: indented, not parsed on its own)
             else:
                 try:
-                    seg = cst.parse_module(text)
+                    seg = _parse.parse_module(text)
                     cand = seg.body[0] if seg.body else None
                     want = cst.ClassDef if kind == "class" else cst.FunctionDef
                     if isinstance(cand, want) and cand.name.value == name:
@@ -219,7 +220,7 @@ class ModuleInfo:
         if self._import_stmts is None:
             text = "".join("".join(self.lines[a - 1:b]) for a, b, col in self._import_spans if col == 0)
             try:
-                self._import_stmts = list(cst.parse_module(text).body)
+                self._import_stmts = list(_parse.parse_module(text).body)
             except Exception:
                 self._import_stmts = []
         return cst.Module(body=self._import_stmts + [seg.body[0] for seg, _ in self.segments])

@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 import libcst as cst
 
+from bertlint import _parse
 from bertlint.analysis.walk import walk
 
 from bertlint.analysis.symbols import UNKNOWN, call_name, code_of, dotted, kwarg, literal, positional
@@ -285,7 +286,7 @@ def _parsed(path: str, mtime: float):
             return None
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
-        module = cst.parse_module(text)
+        module = _parse.parse_module(text)
     except Exception:
         return None
     from bertlint.analysis import symbols as _symbols
