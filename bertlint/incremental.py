@@ -412,7 +412,7 @@ def _reparse_in(module, text: str, new: str, p: int, changed_end: int, new_chang
         return None
     wrap = "".join("".join(bstack[:i]) + "if 1:" + module.default_newline for i in range(len(bstack)))
     try:
-        part = cst.parse_module(wrap + frag)
+        part = _parse.parse_module(wrap + frag)
     except Exception:
         return None
     if part.default_indent != module.default_indent or part.default_newline != module.default_newline \
