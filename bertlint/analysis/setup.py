@@ -466,6 +466,10 @@ class TrainingArgs:
     runtime_cli: bool = False  # values parsed from the command line at run time (defaults apply if not given)
     source_file: Optional[str] = None  # JSON/YAML file the values came from
     reads: dict = field(default_factory=dict)  # field -> first node reading `<var>.<field>` (the script uses it)
+    # the fields the project's own classes between the constructor and transformers' class declare themselves
+    # (``class MyArgs(TrainingArguments): use_cache: bool = False``): such a keyword is the subclass's, whatever the
+    # transformers version; None when the class is the project's but its definition could not be read
+    declared: Optional[frozenset] = frozenset()
 
     def setting(self, name: str) -> Optional[Setting]:
         return self.explicit.get(name)
@@ -943,6 +947,7 @@ class _Builder:
         # defaults of a user subclass of TrainingArguments
         if name in self.t.classes:
             self._subclass_defaults(name, ta)
+        ta.declared = self._declared_fields(call.func)
         for a in call.args:
             if a.keyword is not None:
                 v = self.r.value(a.value, site.func)
@@ -1002,6 +1007,34 @@ class _Builder:
         if "**" in items and not (partial and len(items) > 1):
             return None
         return items
+
+    def _declared_fields(self, func: cst.BaseExpression) -> Optional[frozenset]:
+        """The field names the project's classes in the constructor's class chain declare (annotated class-body
+        names, with or without a default), through this file and the project's modules; empty for transformers' (or
+        another framework's) own class; None for a class of the project whose definition is not readable."""
+        d = dotted(func) or ""
+        chain = None
+        if d in self.t.classes:
+            chain = project_chain(self.dir, self.t, self._imports_map(), self.t.classes[d])
+        elif not self.is_transformers_name(func, ARGS_QUALNAMES, {"TrainingArguments", "Seq2SeqTrainingArguments"}):
+            found = self.project_class_of(func)
+            if found is not None:
+                chain = project_chain(found[3], found[1], found[2], found[0])
+            else:
+                q = self.qual(func)
+                if not (q and q.split(".")[0] in _FRAMEWORK_HEADS):
+                    return None
+        if chain is None:
+            return frozenset()
+        names = set()
+        for cls in chain:
+            body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+            for stmt in body:
+                if isinstance(stmt, cst.SimpleStatementLine):
+                    for small in stmt.body:
+                        if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                            names.add(small.target.value)
+        return frozenset(names)
 
     def _subclass_defaults(self, name: str, ta: TrainingArgs) -> None:
         for cls in reversed(self._class_chain(name)):
@@ -1099,6 +1132,7 @@ class _Builder:
             cname = dotted(cls_expr)
             if cname and cname in self.t.classes:
                 self._subclass_defaults(cname, ta)
+            ta.declared = self._declared_fields(cls_expr)
             if method in ("parse_json_file", "parse_yaml_file"):
                 arg = positional(site.call, 0) or kwarg(site.call, "json_file") or kwarg(site.call, "yaml_file")
                 path = self.r.value(arg, site.func)

@@ -82,6 +82,8 @@ def check(ctx) -> None:
             if name not in REMOVED:
                 continue
             removed, repl, rename = REMOVED[name]
+            if declared_by_project(ta, name):
+                continue
             on = on_removed(removed)
             if on is None:
                 continue
@@ -111,12 +113,36 @@ def check(ctx) -> None:
         for a in ti.node.args:
             if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
                 removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
+                if init_takes(ti, a.keyword.value):
+                    continue
                 on = on_removed(removed)
                 if on is not None:
                     fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
                                   fix_kind)
                     ctx.report(a, _message(ti.class_name or "Trainer", a.keyword.value, removed, repl, on), fix=fix,
                                severity=sev)
+
+
+def declared_by_project(ta, name: str) -> bool:
+    """The project's own class in the constructor's class chain declares ``name`` as a field
+    (``class MyArgs(TrainingArguments): evaluation_strategy: str = "no"``): the keyword is that dataclass's, on every
+    transformers version. A class of the project whose definition is not readable may declare it (unknown: True)."""
+    declared = getattr(ta, "declared", frozenset())
+    return declared is None or name in declared
+
+
+def init_takes(ti, name: str) -> bool:
+    """A Trainer subclass of the project whose ``__init__`` takes ``name`` itself (a parameter of that name, or a
+    string key ``kwargs.pop("tokenizer")`` read in its body): the keyword never reaches transformers' ``__init__``."""
+    from bertlint.analysis.walk import iter_nodes
+
+    init = ti.methods.get("__init__") if getattr(ti, "methods", None) else None
+    if init is None:
+        return False
+    p = init.params
+    if any(q.name.value == name for q in (*p.posonly_params, *p.params, *p.kwonly_params)):
+        return True
+    return any(type(n) is cst.SimpleString and n.evaluated_value == name for n in iter_nodes(init.body))
 
 
 def _imports_unsloth(ctx) -> bool:
