@@ -79,7 +79,9 @@ class FileContext:
 
         self.index
         reuse = stmtcache.for_context(self.filename, self.source)
-        return evalflow.EvalFlow(self.module, self.symbols, self.filename, reuse)
+        flow = evalflow.EvalFlow(self.module, self.symbols, self.filename, reuse)
+        flow.roles_getter = lambda: self.roles  # asked lazily (a model class whose base is in a sibling module)
+        return flow
 
     @cached_property
     def index(self) -> "NodeIndex":

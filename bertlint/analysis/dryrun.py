@@ -249,7 +249,7 @@ class LoopRun:
 
 
 class FileDryRun:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, reused: Optional[list] = None) -> None:
         self.ctx = ctx
         self.f = ctx.loops
         self.runs: list[LoopRun] = []
@@ -268,7 +268,13 @@ class FileDryRun:
         self.call_facts: dict = {}  # (id(call), id(function), inlined) -> facts of the call (``_Runner._call``)
         self.callees: dict = {}  # (id(call), id(function), id(class)) -> the function it runs (``_Runner._callee``)
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
-        for loop in list(self.f) + _manual_steps(self):
+        loops = list(self.f) + _manual_steps(self)
+        if reused is not None:  # the last lint's runs, taken again (bertlint/dryreuse.py: the language server)
+            if [id(lp.node) for lp in loops] != [id(node) for node, _tr, _acc in reused]:
+                raise _NotReused  # other loops or scripted steps than those of the last lint
+            self.runs = [LoopRun(lp, traces, self, factor) for lp, (_n, traces, factor) in zip(loops, reused)]
+            return
+        for loop in loops:
             try:
                 traces, factor = _run_loop(self, loop)
                 self.runs.append(LoopRun(loop, traces, self, factor))
@@ -473,11 +479,26 @@ class FileDryRun:
             sites[id(node)] = (node, site, project.info_of(fn))
 
 
+class _NotReused(Exception):
+    pass
+
+
 def of(ctx) -> FileDryRun:
     d = ctx.__dict__.get("_dryrun")
     if d is None:
-        d = FileDryRun(ctx)
+        from bertlint import dryreuse
+
+        got = dryreuse.reuse(ctx)  # None outside the language server, or when the last run may not hold
+        d = None
+        if got is not None:
+            try:
+                d = FileDryRun(ctx, got)
+            except _NotReused:
+                dryreuse.not_reused(ctx, "the training loops or scripted steps changed")
+        if d is None:
+            d = FileDryRun(ctx)
         ctx.__dict__["_dryrun"] = d
+        dryreuse.remember(d)
     return d
 
 
@@ -1056,6 +1077,8 @@ def _window_factor(dr, loop, window=None):
     """``for micro in range(N)`` / ``range(1, N + 1)`` inside the step loop: N is the window's length;
     ``range(0, B, m)`` (a batch split into chunks of ``m``): N is the number of chunks, ``ceil(B / m)``."""
     w = loop.window_of if loop.window_of is not None else window
+    if isinstance(w, cst.While):
+        return _while_window_factor(dr, loop, w)
     if not isinstance(w, cst.For) or not isinstance(w.iter, cst.Call) or call_name(w.iter) != "range":
         return None
     args = [a.value for a in w.iter.args if a.keyword is None]
@@ -1079,6 +1102,59 @@ def _window_factor(dr, loop, window=None):
     if expr is None:
         return None
     return dr.f.factor(expr, "window", loop.func)
+
+
+def _while_window_factor(dr, loop, w):
+    """A ``while`` window inside the step loop, counted by a counter only the window advances: ``while n < N: ...;
+    n += 1`` or ``while True: ...; n += 1; if n >= N: break`` (N: the bound), or a counter advanced by a size the
+    window does not change (``seen += micro_batch_size`` ... ``if seen >= total_batch_size: break``: ceil(total /
+    size) micro-batches). None for any other ``while`` (a size read from the batch, a flag): its length is not known."""
+    incs: dict = {}
+    for n in _walk(w.body):
+        if type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign and dotted(n.target):
+            incs.setdefault(dotted(n.target), []).append(n.value)
+    assigned_w = {dotted(t.target) for n in _walk(w.body) if type(n) is cst.Assign for t in n.targets}
+
+    def step_of(c):
+        """1, the text of a size the window does not change, or None."""
+        vs = incs.get(c) or []
+        if len(vs) != 1:
+            return None
+        if _literal_int(vs[0]) == 1:
+            return 1
+        d = dotted(vs[0])
+        if d and d not in assigned_w and d not in incs and d.split(".")[0] not in assigned_w:
+            return d
+        return None
+
+    def pair(test, ops):
+        if type(test) is not cst.Comparison or len(test.comparisons) != 1 or \
+                type(test.comparisons[0].operator) not in ops:
+            return None
+        c, bound = dotted(test.left), test.comparisons[0].comparator
+        if c and step_of(c) is not None and dotted(bound) and dotted(bound) not in incs and \
+                dotted(bound) not in assigned_w:
+            return c, bound
+        return None
+
+    got = pair(w.test, (cst.LessThan,))
+    if got is None and type(w.test) is cst.Name and w.test.value == "True":
+        for n in _walk(w.body):
+            if type(n) is cst.If and n.orelse is None and any(type(x) is cst.Break for x in _walk(n.body)):
+                got = pair(n.test, (cst.GreaterThanEqual, cst.Equal))
+                if got is not None:
+                    break
+    if got is None:
+        return None
+    c, bound = got
+    size = step_of(c)
+    if size == 1:
+        return dr.f.factor(bound, "window", loop.func)
+    from bertlint.analysis.accum import AccumFactor
+
+    bv, mv = dr.f.int_value(bound, loop.func), dr.f.int_value(_name_expr(size), loop.func)
+    value = -(-bv // mv) if bv is not None and mv else None
+    return AccumFactor(f"math.ceil({dr.code(bound).strip()} / {size})", value, "window")
 
 
 def _running(loop, acc) -> bool:
@@ -1714,6 +1790,8 @@ class _Runner:
         if is_micro:
             self.trace.loader = self._loader_kind(node, frame)
         if not isinstance(node, cst.For):
+            if is_micro and node is self.loop.window_of and self.n:
+                return [None] * self.n  # a counted ``while`` window (``_while_window_factor``): N iterations
             return [None] * count
         it = self._held_iter(_unwrap_iter(node.iter), frame)
         tgt = node.target
@@ -1792,8 +1870,43 @@ class _Runner:
                     continue
                 vals.add(self.dr.code(a.value).strip() if isinstance(a.value, (cst.Name, cst.Attribute)) else None)
             got = frozenset(vals) if len(vals) == 1 and None not in vals else frozenset()
+            if not vals:
+                got = self._n_param_sources()
             self._nsrc = got
         return got
+
+    def _n_param_sources(self) -> frozenset:
+        """The factor is a parameter of a function of this file (``def update(..., batch_idx, accum): if (batch_idx
+        + 1) % accum == 0: optimizer.step()``): the one name or attribute every call of that function in the file
+        passes for it (``update(model, opt, i, accum_grad)``) is N too, so the caller's value reaches the helper's
+        gate. Empty when the callers pass different expressions or something else."""
+        vals = set()
+        for fn in [d for d in self.t.defs if isinstance(d, cst.FunctionDef)]:
+            params = list(fn.params.params)
+            names = [p.name.value for p in params]
+            if self.n_text not in names and self.n_text not in {p.name.value for p in fn.params.kwonly_params}:
+                continue
+            is_method = self.t.method_class.get(id(fn)) is not None
+            pos = names[1:] if is_method and names and names[0] in ("self", "cls") else names
+            for c, cname, _ in self.t.calls:
+                if cname.rsplit(".", 1)[-1] != fn.name.value:
+                    continue
+                arg = None
+                for a in c.args:
+                    if a.star:
+                        return frozenset()
+                    if a.keyword is not None and a.keyword.value == self.n_text:
+                        arg = a.value
+                if arg is None and self.n_text in pos:
+                    k = pos.index(self.n_text)
+                    plain = [a for a in c.args if a.keyword is None]
+                    if k < len(plain):
+                        arg = plain[k].value
+                if arg is None:
+                    continue
+                vals.add(self.dr.code(arg).strip() if isinstance(arg, (cst.Name, cst.Attribute, cst.Subscript))
+                         else None)
+        return frozenset(vals) if len(vals) == 1 and None not in vals and self.n_text not in vals else frozenset()
 
     def _n_multiples(self) -> frozenset:
         """The names the accumulation factor is computed from as a numerator: every assignment to it in the file is

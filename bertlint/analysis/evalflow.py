@@ -1354,6 +1354,128 @@ class EvalFlow:
             cls_expr = local.bases[0].value
         return False
 
+    _STRUCT_BUILTINS = frozenset({"range", "len", "enumerate", "zip", "reversed", "list", "tuple", "min", "max"})
+    _DATA_TOKENS = frozenset({"loader", "dataloader", "dataset", "data", "batches", "samples", "iterator"})
+
+    def structural_loop(self, loop: cst.CSTNode) -> bool:
+        """``loop`` is in a method of a model class (an ``nn.Module`` / ``PreTrainedModel`` subclass by its bases,
+        followed into sibling modules) and walks the model's own structure rather than data: its iterable reads only
+        ``self`` attributes (``range(self.n_hop)``, ``self.layers``, ``zip(self.heads, self.norms)``), variables of
+        enclosing loops of the same kind, literals and range/len/enumerate/zip/reversed. Such a loop runs once per
+        layer / hop inside one call of the model (a list built there is the model's intermediate result, bounded by
+        its depth), and whether autograd records it is decided by the caller, not by the method's name."""
+        memo = self.__dict__.setdefault("_struct_memo", {})
+        if id(loop) not in memo:
+            memo[id(loop)] = self._structural_loop(loop)
+        return memo[id(loop)]
+
+    def _structural_loop(self, loop: cst.CSTNode) -> bool:
+        scope = self.scope_of(loop)
+        if not isinstance(scope, cst.FunctionDef):
+            return False
+        cls = self.class_of(scope)
+        if cls is None or (self.module_family(cls) or self._sibling_family(cls)) not in ("module", "pretrained"):
+            return False
+        if isinstance(loop, cst.For):
+            iters = [(loop.iter, target_names(loop.target))]
+        elif isinstance(loop, cst.SimpleStatementLine):  # a comprehension statement: every `for ... in` of it
+            iters = []
+
+            class V(cst.CSTVisitor):
+                def visit_CompFor(self, n: cst.CompFor) -> None:
+                    iters.append((n.iter, target_names(n.target)))
+
+            walk(loop, V())
+            if not iters:
+                return False
+        else:
+            return False  # a `while` loop: its bound is not visible in an iterable
+        allowed = set(self._STRUCT_BUILTINS) | {"self"}
+        outer = self.parent.get(loop)
+        while outer is not None and outer is not scope:  # targets of enclosing structural `for` loops
+            if isinstance(outer, cst.For):
+                if not self.structural_loop(outer):
+                    return False
+                allowed.update(target_names(outer.target))
+            outer = self.parent.get(outer)
+        for it, targets in iters:
+            if not self._structural_iter(it, allowed):
+                return False
+            allowed.update(targets)
+        return True
+
+    def _structural_iter(self, it: cst.BaseExpression, allowed: set) -> bool:
+        if not names_in(it) <= allowed:
+            return False
+        ok = [True]
+        data_tokens = self._DATA_TOKENS
+
+        class V(cst.CSTVisitor):
+            def visit_Attribute(self, n: cst.Attribute) -> None:
+                toks = {t for t in n.attr.value.lower().split("_") if t}
+                if toks & data_tokens:
+                    ok[0] = False  # `self.val_loader`, `self.dataset`: data held by the object
+
+            def visit_Call(self, n: cst.Call) -> None:
+                if not (isinstance(n.func, cst.Name) and n.func.value in EvalFlow._STRUCT_BUILTINS):
+                    ok[0] = False  # `self.get_batches()`: a call may produce data
+
+        walk(it, V())
+        return ok[0]
+
+    def _sibling_family(self, cls: cst.ClassDef) -> Optional[str]:
+        """The family of ``cls`` when its base is a class of a sibling module of the project (``class
+        RippleNet(KnowledgeRecommender)`` with the base, itself on ``nn.Module``, in ``abstract_recommender.py``):
+        read through the file's roles (``bertlint.analysis.project``); None when unknown."""
+        getter = self.__dict__.get("roles_getter")
+        if getter is None:
+            return None
+        try:
+            fam = getter().class_family(cls)
+        except Exception:
+            return None
+        if fam == "module":
+            return "module"
+        return None
+
+    def trained_by_caller(self, func: Scope) -> bool:
+        """A caller of ``func`` in this file makes a training loss of its result: the call is an argument of a loss
+        (``bce_loss(self.label_smoothness_predict(...), target)``), or the name it is assigned to reaches a loss call
+        or a backward in the caller - outside no_grad and outside an evaluation-named caller. The function then
+        computes part of a training graph, whatever its name says (callers elsewhere are unknown)."""
+        if not isinstance(func, cst.FunctionDef):
+            return False
+        sites = self.call_sites(func)
+        for site in sites or ():
+            caller = self.scope.get(site)
+            if not isinstance(caller, cst.FunctionDef) or caller is func or self.grad_state(site) != ENABLED:
+                continue
+            if self.eval_name(caller):
+                continue
+            cur = self.parent.get(site)
+            while isinstance(cur, (cst.Arg, cst.Call, cst.BinaryOperation, cst.Attribute, cst.Subscript)):
+                if isinstance(cur, cst.Call) and self.loss_kind(cur):
+                    return True
+                cur = self.parent.get(cur)
+            stmt = self.parent.get(site)
+            while stmt is not None and not isinstance(stmt, (cst.Assign, cst.AnnAssign, cst.SimpleStatementLine)):
+                stmt = self.parent.get(stmt)
+            if not isinstance(stmt, (cst.Assign, cst.AnnAssign)):
+                continue
+            targets = []
+            for t in (stmt.targets if isinstance(stmt, cst.Assign) else []):
+                targets += target_names(t.target)
+            if isinstance(stmt, cst.AnnAssign):
+                targets += target_names(stmt.target)
+            names = self.derived(set(targets), caller)
+            if names & self.backward_names(caller):
+                return True
+            for c in self.calls_in(caller):
+                if self.after(c, site) and self.loss_kind(c) and \
+                        any(names_in(a.value) & names for a in c.args):
+                    return True
+        return False
+
     def eval_name(self, scope: Scope) -> bool:
         if scope is None:
             return False
@@ -1641,6 +1763,23 @@ class EvalFlow:
                     name = dotted(v)  # loss.backward()
             if name and counts.get(name, 0) == 1:
                 out.add(name)
+        # what the backward-ed value is made of alone carries its graph too: ``loss = sum(losses) if
+        # isinstance(losses, tuple) else losses`` then ``loss.backward()`` - the backward needs ``losses`` to require
+        # grad (one source, kept whole: a name, ``sum(x)``, ``x.sum()`` / ``x.mean()``, ``x * 0.5``, ``x / 2``)
+        if out:
+            single: dict[str, cst.BaseExpression] = {}
+            for s in self.statements(loop.body):
+                if isinstance(s, cst.Assign) and len(s.targets) == 1 and isinstance(s.targets[0].target, cst.Name):
+                    n = s.targets[0].target.value
+                    if counts.get(n, 0) == 1:
+                        single[n] = s.value
+            todo = list(out)
+            while todo:
+                v = single.get(todo.pop())
+                src = _sole_source(v) if v is not None else None
+                if src and src not in out and counts.get(src, 0) == 1:
+                    out.add(src)
+                    todo.append(src)
         return out
 
     def _bind(self, targets, value: cst.BaseExpression, env: dict[str, bool]) -> None:
@@ -1768,13 +1907,38 @@ def eval_call_text(flow: EvalFlow, ev: cst.Call) -> str:
     return text
 
 
+def _sole_source(v: cst.BaseExpression) -> Optional[str]:
+    """The one name a value is computed from with its graph kept whole: ``x``, ``sum(x)``, ``x.sum()``, ``x.mean()``,
+    ``x * 0.5`` / ``x / 2`` (a number literal), or an ``a if test else b`` whose both arms are of the same name.
+    None otherwise (``a + b``, ``criterion(out, y)``: several inputs, which of them carries the graph is unknown)."""
+    if isinstance(v, cst.Name):
+        return v.value
+    if isinstance(v, cst.IfExp):
+        a, b = _sole_source(v.body), _sole_source(v.orelse)
+        return a if a is not None and a == b else None
+    if isinstance(v, cst.Call) and not v.args and isinstance(v.func, cst.Attribute) and \
+            v.func.attr.value in ("sum", "mean"):
+        return _sole_source(v.func.value)
+    if isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value == "sum" and len(v.args) == 1 and \
+            v.args[0].keyword is None and not v.args[0].star:
+        return _sole_source(v.args[0].value)
+    if isinstance(v, cst.BinaryOperation) and isinstance(v.operator, (cst.Multiply, cst.Divide)) and \
+            isinstance(v.right, (cst.Integer, cst.Float)):
+        return _sole_source(v.left)
+    return None
+
+
 def eval_reason(flow: EvalFlow, loop: cst.CSTNode, receivers: Iterable[str]) -> Optional[str]:
-    """Why ``loop`` is an evaluation loop (text for messages), or None."""
+    """Why ``loop`` is an evaluation loop (text for messages), or None.
+
+    The function's name is a hint only: it is not taken when the loop walks a model's own structure inside one of
+    the model's methods (``structural_loop``: its grad mode is the caller's), or when a caller in this file computes
+    a training loss with the function's result (``trained_by_caller``)."""
     scope = flow.scope_of(loop)
     ev = flow.eval_mode_before(loop, receivers)
     if ev is not None:
         return f"after {eval_call_text(flow, ev)}"
-    if flow.eval_name(scope):
+    if flow.eval_name(scope) and not flow.structural_loop(loop) and not flow.trained_by_caller(scope):
         return f"in `{scope.name.value}()`"
     return None
 

@@ -318,7 +318,7 @@ class FileLoops:
     def _window_model(self, inner: "TrainingLoop", parent: LoopNode, func, cls, outer, with_bw_ids):
         """``for step ...: for micro in range(N): ...backward()`` then ``optimizer.step()`` in the parent: model the
         parent loop, events inside the micro-batch loop run per micro-batch, the others once per window."""
-        if not isinstance(inner.node, cst.For):
+        if not isinstance(inner.node, (cst.For, cst.While)):
             return None
         w = TrainingLoop(parent, func, cls, outer=[o for o in outer if id(o) in with_bw_ids], file=self)
         w.window_of = inner.node

@@ -1830,7 +1830,19 @@ class Roles:
             tg = self.xp.resolve(dotted_base)
             if tg is None or tg.kind != "class":
                 return (None, None)
-            return tg.info.roles._class_info(tg.node, depth + 1)
+            # the sibling's classes are parsed one by one when asked for: parse the chain of its own base classes
+            # defined in that module first, so its roles can follow them (`KnowledgeRecommender(AbstractRecommender)`
+            # with `AbstractRecommender(nn.Module)` further down the same file)
+            info, todo, seen = tg.info, [tg.node.name.value], set()
+            while todo and len(seen) < 8:
+                n = todo.pop()
+                if n in seen:
+                    continue
+                seen.add(n)
+                for b in info.bases.get(n, []):
+                    if "." not in b and info.cls(b) is not None:
+                        todo.append(b)
+            return info.roles._class_info(tg.node, depth + 1)
         except Exception:
             return (None, None)
 
