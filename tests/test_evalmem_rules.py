@@ -1337,3 +1337,49 @@ def test_bl501_metric_piece_of_an_output_is_info_and_a_loss_tensor_is_not():
     """
     got = {(d.code, d.start.row, d.severity.name) for d in lint(src, codes=("BL501",))}
     assert got == {("BL501", 12, "INFO"), ("BL501", 13, "WARNING")}
+
+
+_OWN_MODEL = """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Scorer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(8, 8)
+
+        def forward(self, x, y):
+            logits = self.enc(x)
+            loss = F.cross_entropy(logits, y)
+            {acc_line}
+            return {{"loss": loss, "accuracy": acc, "logits_mean": logits.mean()}}
+
+    def train(model, loader, optimizer):
+        history = []
+        total = 0.0
+        for x, y in loader:
+            out = model(x, y)
+            out["loss"].backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            history.append(out["accuracy"])
+            total += out["logits_mean"]
+        return history, total
+"""
+
+
+def test_bl501_own_model_returns_a_python_number_under_the_key():
+    """The script's own nn.Module returns `accuracy` as `.item()` (a Python float): appending it keeps no graph, so
+    nothing is reported for it; `logits_mean` is a graph-carrying tensor of the same dict and stays a warning."""
+    src = _OWN_MODEL.format(acc_line="acc = (logits.argmax(-1) == y).float().mean().item()")
+    got = {(d.code, d.start.row, d.severity.name) for d in lint(src, codes=("BL501",))}
+    assert got == {("BL501", 26, "WARNING")}
+
+
+def test_bl501_own_model_returns_a_tensor_under_the_key():
+    """Same script, but the model returns the accuracy tensor itself: the key is not known to be a number, so the
+    metric-named piece stays reported (info, as for a model that is not in view)."""
+    src = _OWN_MODEL.format(acc_line="acc = (logits.argmax(-1) == y).float().mean()")
+    got = {(d.code, d.start.row, d.severity.name) for d in lint(src, codes=("BL501",))}
+    assert got == {("BL501", 25, "INFO"), ("BL501", 26, "WARNING")}

@@ -125,3 +125,52 @@ def test_stored_statement_lengths_are_the_printed_ones():
             assert (header, lens) == _lengths(module, new)
             checked += 1
     assert checked > 40
+
+
+def test_an_edit_inside_a_function_reparses_only_the_block_statements_it_touches():
+    """Typing inside a function's body re-parses the touched statements of the innermost block (with one
+    neighbour each side): the function's other statements are the old node objects, the module is the full
+    parse's; every line of a script, with several kinds of edits, and back."""
+    with open(SCRIPT) as f:
+        text = f.read()
+    lines = text.splitlines(keepends=True)
+    r = Reparser()
+    old = r.parse("k", text)
+    kept = nested = 0
+    for i, line in enumerate(lines):
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        if not indent or i % 5:
+            continue
+        for new_lines in (lines[:i] + [indent + "x_typed = 1\n"] + lines[i:],
+                          lines[:i] + [line.rstrip("\n") + "  # q\n"] + lines[i + 1 :],
+                          lines[:i] + lines[i + 1 :]):  # a line deleted: a block's first line, its indentation
+            new = "".join(new_lines)
+            got = r.parse("k", new)
+            try:
+                full = cst.parse_module(new)
+            except cst.ParserSyntaxError:
+                assert isinstance(got, tuple)
+                r.parse("k", text)
+                continue
+            assert got.code == new and got.deep_equals(full), (i, line)
+            edit = r.edits["k"]
+            if edit is not None and len(edit.replaced) > 1:
+                nested += 1
+                old_ids = {id(n) for n in _statements(old)}
+                kept += sum(id(n) in old_ids for n in _statements(got)) > len(old_ids) // 2
+            back = r.parse("k", text)
+            assert back.code == text and back.deep_equals(cst.parse_module(text)), (i, line)
+            old = back
+    assert nested > 15 and kept > 0.75 * nested
+
+
+def _statements(module):
+    out = []
+    stack = list(module.body)
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        body = getattr(n, "body", None)
+        if isinstance(body, cst.IndentedBlock):
+            stack.extend(body.body)
+    return out

@@ -321,3 +321,137 @@ def test_reused_symbol_table_equals_one_walk():
         held = {id(a) for p in pieces for v in p.assignments.values() for a in v}
         assert not any(id(a) in held for v in mine.assignments.values() for a in v)
     assert hits > 10
+
+
+# ------------------------------------------------------------------------------------------------ the dry run taken
+# again (bertlint/dryreuse.py): only when the edit changed nothing the run could read
+
+LOOP_SCRIPT = textwrap.dedent(
+    '''\
+    """Accumulation with a helper the loop inlines and an argparse factor (test input)."""
+    import argparse
+
+    import torch
+
+
+    def parse_args():
+        p = argparse.ArgumentParser()
+        p.add_argument("--grad_accum", type=int, default=4)
+        return p.parse_args()
+
+
+    def compute_loss(model, batch):
+        return model(batch).sum()
+
+
+    def main():
+        args = parse_args()
+        note = "x"
+        model = torch.nn.Linear(8, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loader = torch.utils.data.DataLoader(list(range(10)), batch_size=2)
+        for step, batch in enumerate(loader):
+            loss = compute_loss(model, batch)
+            loss.backward()
+            label = "y"
+            if (step + 1) % args.grad_accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        torch.save(model.state_dict(), "model.pt")
+
+
+    if __name__ == "__main__":
+        main()
+    '''
+)
+
+
+def _after_edit(filename: str, before: str, after: str):
+    """Lint ``before`` afresh in the server, then ``after`` (one edit): (diagnostics of both, what the dry run
+    did, the fresh lint of ``after``)."""
+    server.forget(filename)
+    first = server.run_lint(before, filename, filename)
+    got = server.run_lint(after, filename, filename)
+    fresh = convert.lint(after, filename, convert.load_settings(filename))
+    assert got.crash is None and not got.rule_errors, (got.crash, got.rule_errors)
+    return first.diagnostics, got.diagnostics, server._dry_memo.last, fresh
+
+
+def test_dry_run_reused_for_an_edit_nothing_reads(tmp_path):
+    """Typing into the string of a variable nothing reads (before the loop, or inside it), or into the module's
+    header comment: the loop's run is taken again, and the diagnostics are the fresh lint's."""
+    filename = str(tmp_path / "train.py")
+    Path(filename).write_text(LOOP_SCRIPT)
+    base = convert.lint(LOOP_SCRIPT, filename)
+    assert [d.code for d in base] == ["BL103"]  # the loss is not divided by the factor
+    for after in (LOOP_SCRIPT.replace('note = "x"', 'note = "xq"'),
+                  LOOP_SCRIPT.replace('note = "x"', 'note = "x qq"'),
+                  LOOP_SCRIPT.replace('label = "y"', 'label = "yq"'),
+                  "#!/usr/bin/env python\n" + LOOP_SCRIPT):
+        _first, got, last, fresh = _after_edit(filename, LOOP_SCRIPT, after)
+        assert last == "reused", (last, after)
+        assert got == fresh and [d.code for d in got] == ["BL103"]
+
+
+def test_dry_run_runs_again_when_the_edit_may_change_it(tmp_path):
+    """Each edit here reaches something the run reads (the loop, the function before the loop, the helper it
+    inlines, the argparse default of the factor, a name used elsewhere, a word the analyses search the text
+    for): the run is made again, and the diagnostics are the fresh lint's (several differ from before the edit:
+    the old run would have been wrong)."""
+    filename = str(tmp_path / "train.py")
+    Path(filename).write_text(LOOP_SCRIPT)
+    s = LOOP_SCRIPT
+    cases = {
+        "in the loop": s.replace("loss = compute_loss(model, batch)", "loss = compute_loss(model, batch) / args.grad_accum"),
+        "before the loop": s.replace('note = "x"', "args.grad_accum = 1"),
+        "the helper": s.replace("return model(batch).sum()", "return model(batch).sum() / 4"),
+        "argparse default": s.replace("default=4", "default=1"),
+        "a name used elsewhere": s.replace('note = "x"', 'note = "x"\n    print(note)'),
+        "the string of a name used elsewhere": s.replace('note = "x"', 'step = "x"'),
+        "a literal the loop reads": s.replace("batch_size=2", "batch_size=3"),
+        "a word text searches look for": "# no_sync\n" + s,
+    }
+    changed = 0
+    for what, after in cases.items():
+        first, got, last, fresh = _after_edit(filename, s, after)
+        assert last != "reused", what
+        assert got == fresh, what
+        changed += got != first
+    assert changed >= 3
+
+
+def test_dry_run_not_reused_with_a_sibling_module(tmp_path):
+    """A script that imports a module of its project runs again on every edit: the sibling may have changed."""
+    (tmp_path / "helpers.py").write_text("def compute_loss(model, batch):\n    return model(batch).sum()\n")
+    s = LOOP_SCRIPT.replace("import torch\n", "import torch\n\nfrom helpers import compute_loss\n", 1)
+    s = s.replace("def compute_loss(model, batch):\n    return model(batch).sum()\n\n\n", "")
+    filename = str(tmp_path / "train.py")
+    Path(filename).write_text(s)
+    _first, got, last, fresh = _after_edit(filename, s, s.replace('note = "x"', 'note = "xq"'))
+    assert last != "reused" and got == fresh
+    (tmp_path / "helpers.py").write_text("def compute_loss(model, batch):\n    return model(batch).sum() / 4\n")
+    again = server.run_lint(s.replace('note = "x"', 'note = "xqq"'), filename, filename)
+    assert again.diagnostics == convert.lint(s.replace('note = "x"', 'note = "xqq"'), filename,
+                                             convert.load_settings(filename))
+
+
+def test_edit_sequence_with_reuse_equals_a_fresh_lint(tmp_path):
+    """Keystrokes into dead strings mixed with the random edits: every lint equals a fresh one, and the run was
+    taken again for some of them."""
+    filename = str(tmp_path / "train.py")
+    server.forget(filename)
+    rng = random.Random(3)
+    rest = SCRIPT.split("\n", 1)[1].rsplit("\n\nif __name__", 1)[0].replace("def main():", "def main2():")
+    text = LOOP_SCRIPT + rest + "\n"
+    reused = 0
+    for k in range(40):
+        if k % 2:
+            text = _edit(text, rng)
+        else:
+            text = text.replace('note = "x', 'note = "xq', 1) if 'note = "x' in text else text
+        got = server.run_lint(text, filename, filename)
+        fresh = convert.lint(text, filename, convert.load_settings(filename))
+        assert got.crash is None and not got.rule_errors
+        assert got.diagnostics == fresh, text
+        reused += server._dry_memo.last == "reused"
+    assert reused >= 5

@@ -213,6 +213,58 @@ def test_bl407_message_names_replacement_and_safe_rename():
     assert apply_fixes(src, [d]).text == src.replace("no_cuda", "use_cpu")
 
 
+def test_bl407_keyword_introduced_after_the_pinned_version():
+    # eval_strategy appeared in 4.41.0, Trainer(processing_class=) in 4.46.0, TrainingArguments(use_cache=) in 5.0.0
+    src = ("from transformers import Trainer, TrainingArguments\n"
+           "args = TrainingArguments('o', eval_strategy='steps', use_cache=False)\n"
+           "trainer = Trainer(model=model, args=args, processing_class=tok)\n")
+    def bl407(v):
+        return sorted(d.message.split("(")[1].split("=")[0] for d in lint(src, v) if d.code == "BL407")
+    assert bl407("4.38.0") == ["eval_strategy", "processing_class", "use_cache"]
+    assert bl407("4.41.0") == ["processing_class", "use_cache"]
+    assert bl407("4.46.0") == ["use_cache"]
+    assert bl407("5.0.0") == []
+    # a range is judged only when it excludes the introducing release
+    assert bl407(">=4.30,<4.41") == ["eval_strategy", "processing_class", "use_cache"]
+    assert bl407(">=4.30") == []
+    (d,) = [d for d in lint(src, "4.38.0") if d.code == "BL407" and "eval_strategy" in d.message]
+    assert "exists only from transformers 4.41.0" in d.message and "4.38.0" in d.message
+    assert d.severity.value == "E"
+    assert apply_fixes(src, [d]).text == src.replace("eval_strategy=", "evaluation_strategy=")
+
+
+def test_bl407_introduced_keyword_not_judged_on_the_installed_version(tmp_path):
+    # no pin near the script: the version is bertlint's own environment, which has every new name
+    src = "from transformers import TrainingArguments\nargs = TrainingArguments('o', eval_strategy='steps')\n"
+    assert codes(src, transformers=None, code="BL407") == []
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "requirements.txt").write_text("transformers==4.40.2\n")
+    (tmp_path / "train.py").write_text(src)
+    clear_caches()
+    got = [(d.code, d.start.row) for d in lint_path(str(tmp_path / "train.py")) if d.code == "BL407"]
+    assert got == [("BL407", 2)]
+
+
+def test_bl407_introduced_keyword_look_alikes():
+    # an attribute set after construction is not a keyword; trl's trainers take processing_class by trl's version
+    src = ("from transformers import TrainingArguments\nfrom trl import SFTTrainer\n"
+           "args = TrainingArguments('o', evaluation_strategy='steps')\nargs.eval_strategy = 'no'\n"
+           "trainer = SFTTrainer(model=model, args=args, processing_class=tok)\n")
+    assert codes(src, "4.38.0", code="BL407") == []
+
+
+def test_bl407_introduced_keyword_declared_by_the_project_class():
+    # the project's own dataclass declares the field, and the Trainer subclass takes processing_class itself
+    src = ("from dataclasses import dataclass\nfrom transformers import Trainer, TrainingArguments\n"
+           "@dataclass\nclass MyArgs(TrainingArguments):\n    eval_strategy: str = 'no'\n"
+           "class MyTrainer(Trainer):\n    def __init__(self, *a, processing_class=None, **kw):\n"
+           "        super().__init__(*a, tokenizer=processing_class, **kw)\n"
+           "args = MyArgs('o', eval_strategy='steps')\ntrainer = MyTrainer(model=m, args=args, processing_class=tok)\n")
+    assert codes(src, "4.38.0", code="BL407") == []
+    assert [r for _, r in codes(src.replace("    eval_strategy: str = 'no'\n", "    pass\n"), "4.38.0",
+                                code="BL407")] == [9]
+
+
 def test_bl305_only_from_5_23():
     src = "from transformers import TrainingArguments\nTrainingArguments('o', gradient_checkpointing=True)\n"
     assert codes(src, "5.22.0", "BL305") == []

@@ -256,7 +256,7 @@ class LoopRun:
 
 
 class FileDryRun:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, reused: Optional[list] = None) -> None:
         self.ctx = ctx
         self.f = ctx.loops
         self.runs: list[LoopRun] = []
@@ -280,7 +280,13 @@ class FileDryRun:
         self.eq_consts: dict = {}  # id(condition) -> (condition, _eq_const); configuration key -> _eq_const of it
         self.call_static: dict = {}  # id(call) -> (call, _clip_by_name, _reduction_sum)
         self.stepping = {id(lp.node) for lp in self.f if lp.of("opt_step", "scaler_step", "engine_step")}
-        for loop in list(self.f) + _manual_steps(self):
+        loops = list(self.f) + _manual_steps(self)
+        if reused is not None:  # the last lint's runs, taken again (bertlint/dryreuse.py: the language server)
+            if [id(lp.node) for lp in loops] != [id(node) for node, _tr, _acc in reused]:
+                raise _NotReused  # other loops or scripted steps than those of the last lint
+            self.runs = [LoopRun(lp, traces, self, factor) for lp, (_n, traces, factor) in zip(loops, reused)]
+            return
+        for loop in loops:
             try:
                 traces, factor = _run_loop(self, loop)
                 self.runs.append(LoopRun(loop, traces, self, factor))
@@ -485,11 +491,26 @@ class FileDryRun:
             sites[id(node)] = (node, site, project.info_of(fn))
 
 
+class _NotReused(Exception):
+    pass
+
+
 def of(ctx) -> FileDryRun:
     d = ctx.__dict__.get("_dryrun")
     if d is None:
-        d = FileDryRun(ctx)
+        from bertlint import dryreuse
+
+        got = dryreuse.reuse(ctx)  # None outside the language server, or when the last run may not hold
+        d = None
+        if got is not None:
+            try:
+                d = FileDryRun(ctx, got)
+            except _NotReused:
+                dryreuse.not_reused(ctx, "the training loops or scripted steps changed")
+        if d is None:
+            d = FileDryRun(ctx)
         ctx.__dict__["_dryrun"] = d
+        dryreuse.remember(d)
     return d
 
 

@@ -283,7 +283,10 @@ def check(ctx) -> None:
                               [ctx.edit_replace(el.value, '"auto"')], Applicability.UNSAFE)
             one_ws = isinstance(note, _OneWorldSize)
             if one_ws:
-                msg = msg.replace("; on ", "; on that other number of GPUs, on ", 1)
+                # the note itself says "...; on any other number": name the world size where the Trainer's sentence
+                # begins, not inside the note
+                msg = msg.replace("records every literal that differs; on ",
+                                  "records every literal that differs; on such another number of GPUs, on ", 1)
             ctx.report(node, msg, fix=fix, severity=Severity.WARNING if one_ws else None,
                        data={"key": key, "ds_value": dv, "hf_name": hname,
                              "hf_value": hv if not isinstance(hv, float) else float(hv)})

@@ -1,11 +1,21 @@
 """BL407 removed-training-argument: TrainingArguments / Trainer keywords removed in the target transformers version
-(REFERENCE §1.13, ``args_*.txt``, ``exp_removed_args.out``: each raises ``TypeError: ... unexpected keyword``)."""
+(REFERENCE §1.13, ``args_*.txt``, ``exp_removed_args.out``: each raises ``TypeError: ... unexpected keyword``), and the
+other side of the same table: keywords the target version does not have *yet* (a pin older than the release that
+introduced the name; the dataclass / ``__init__`` rejects it the same way).
+
+Introduction releases (the first release whose ``TrainingArguments`` field list / ``Trainer.__init__`` signature has the
+name): ``eval_strategy`` 4.41.0 (``training_args.py`` of the 4.40.2 and 4.41.0 wheels: 4.40.2 has only
+``evaluation_strategy``); ``Trainer(processing_class=)`` 4.46.0 (``trainer.py`` of the 4.45.2 and 4.46.0 wheels: 4.45.2
+takes ``tokenizer=``); ``average_tokens_across_devices`` 4.47.0 (REFERENCE §1.3); ``use_cache`` 5.0.0 (REFERENCE §1.13,
+absent from ``args_4.57.1.txt``); ``activation_checkpointing[_kwargs]`` 5.23.0 (REFERENCE §1.7)."""
 
 from __future__ import annotations
 
+import os
+
 import libcst as cst
 
-from bertlint.analysis.versions import describe_reaching, reaching, severity_for
+from bertlint.analysis.versions import _allows, describe_reaching, parse_version, reaching, severity_for
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -46,12 +56,31 @@ REMOVED: dict[str, tuple[str, str | None, str | None]] = {
 }
 TRAINER_REMOVED = {"tokenizer": ("5.0.0", "`processing_class`", "processing_class")}
 
+# name -> (first version with it, the spelling older releases accept or None, keyword to rename to for a fix)
+ADDED: dict[str, tuple[str, str | None, str | None]] = {
+    "eval_strategy": ("4.41.0", "`evaluation_strategy`", "evaluation_strategy"),
+    "average_tokens_across_devices": ("4.47.0", None, None),
+    "use_cache": ("5.0.0", "`model.config.use_cache = ...`", None),
+    "activation_checkpointing": ("5.23.0", "`gradient_checkpointing`", "gradient_checkpointing"),
+    "activation_checkpointing_kwargs": ("5.23.0", "`gradient_checkpointing_kwargs`", "gradient_checkpointing_kwargs"),
+}
+TRAINER_ADDED = {"processing_class": ("4.46.0", "`tokenizer`", "tokenizer")}
+
 
 def _message(kind: str, name: str, removed: str, repl, on: str) -> str:
     what = f"`{kind}({name}=...)`"
     fix = f"use {repl} instead" if repl else "remove it (no replacement)"
     return (
         f"{what} was removed in transformers {removed}; on {on} it raises "
+        f"`TypeError: {kind}.__init__() got an unexpected keyword argument '{name}'`. Fix: {fix}."
+    )
+
+
+def _added_message(kind: str, name: str, added: str, older, on: str) -> str:
+    what = f"`{kind}({name}=...)`"
+    fix = (f"use {older} (the spelling before {added})" if older else f"remove it") + f", or raise the pin to >={added}"
+    return (
+        f"{what} exists only from transformers {added}; on {on} it raises "
         f"`TypeError: {kind}.__init__() got an unexpected keyword argument '{name}'`. Fix: {fix}."
     )
 
@@ -77,8 +106,25 @@ def check(ctx) -> None:
         hit = reaching(tv, lambda t: t.at_least(removed))
         return None if hit is None else describe_reaching(tv, hit, "where it is still accepted")
 
+    def on_missing(added: str):
+        """The target version predates ``added``: only a version the project states (a pin or ``target-versions``,
+        never the installed / assumed one), and for a range only when the range excludes ``added`` itself (the newest
+        release bertlint knows inside it may not be the newest that exists)."""
+        av = parse_version(added)
+
+        def missing(t) -> bool:
+            if t.assumed or not t.below(added):
+                return False
+            return t.exact or (av is not None and not _allows(t, av))
+        hit = reaching(tv, missing)
+        return None if hit is None else describe_reaching(tv, hit, "where it exists")
+
     for ta in fs.training_args:
         for name, s in ta.explicit.items():
+            if name in ADDED:
+                if not declared_by_project(ta, name):
+                    _report_added(ctx, ta, name, s, on_missing, fix_kind, sev)
+                continue
             if name not in REMOVED:
                 continue
             removed, repl, rename = REMOVED[name]
@@ -111,6 +157,16 @@ def check(ctx) -> None:
             # `processing_class` before trl sees it
             continue
         for a in ti.node.args:
+            if a.keyword is not None and a.keyword.value in TRAINER_ADDED and not _trl_trainer(ctx, ti) and \
+                    not init_takes(ti, a.keyword.value):
+                # trl's trainers take `processing_class` by trl's own version, not transformers'
+                added, older, rename = TRAINER_ADDED[a.keyword.value]
+                on = on_missing(added)
+                if on is not None:
+                    fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
+                                  fix_kind)
+                    ctx.report(a, _added_message(ti.class_name or "Trainer", a.keyword.value, added, older, on),
+                               fix=fix, severity=sev)
             if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
                 removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
                 if init_takes(ti, a.keyword.value):
@@ -121,6 +177,29 @@ def check(ctx) -> None:
                                   fix_kind)
                     ctx.report(a, _message(ti.class_name or "Trainer", a.keyword.value, removed, repl, on), fix=fix,
                                severity=sev)
+
+
+def _report_added(ctx, ta, name, s, on_missing, fix_kind, sev) -> None:
+    added, older, rename = ADDED[name]
+    on = on_missing(added)
+    if on is None:
+        return
+    node = s.node
+    if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == name:
+        fix = None
+        if rename:
+            fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)], fix_kind)
+        ctx.report(node, _added_message(ta.class_name, name, added, older, on), fix=fix, severity=sev)
+    elif isinstance(node, cst.Arg) and node.star == "**":
+        ctx.report(node, _added_message(ta.class_name, name, added, older, on).replace(
+            f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"), severity=sev)
+    elif ta.source_file and node is not None and s.origin == os.path.basename(ta.source_file):
+        ctx.report(
+            node,
+            f"`{name}` in {ta.source_file} exists only from transformers {added}; on {on} `HfArgumentParser` rejects "
+            f"the key. Fix: " + (f"use {older} instead." if older else "remove it."),
+            severity=sev,
+        )
 
 
 def declared_by_project(ta, name: str) -> bool:

@@ -286,20 +286,103 @@ _METRIC_TOKENS = {"accuracy", "acc", "correct", "corrects", "f1", "precision", "
                   "em", "exact", "matches", "error", "err", "errors"}
 
 
-def _metric_piece(value) -> bool:
-    """``x["accuracy"]`` / ``x.acc`` / ``x.get("f1")``: a subscript or attribute of another value whose key names a
-    metric (the value itself is not a model's direct output tensor)."""
-    key = None
+def _piece_key(value) -> Optional[str]:
+    """The key of ``x["accuracy"]`` / ``x.acc``; None for anything else."""
     if isinstance(value, cst.Subscript) and len(value.slice) == 1:
         idx = value.slice[0].slice
         if isinstance(idx, cst.Index) and isinstance(idx.value, cst.SimpleString):
-            key = idx.value.evaluated_value if isinstance(idx.value.evaluated_value, str) else None
+            return idx.value.evaluated_value if isinstance(idx.value.evaluated_value, str) else None
     elif isinstance(value, cst.Attribute):
-        key = value.attr.value
+        return value.attr.value
+    return None
+
+
+def _metric_piece(value) -> bool:
+    """``x["accuracy"]`` / ``x.acc`` / ``x.get("f1")``: a subscript or attribute of another value whose key names a
+    metric (the value itself is not a model's direct output tensor)."""
+    key = _piece_key(value)
     if not key:
         return False
     toks = {t for t in key.lower().replace("-", "_").split("_") if t}
     return bool(toks & _METRIC_TOKENS)
+
+
+# calls whose result is a Python number / list, never a tensor: `t.item()`, `float(t)`, `t.tolist()`
+_SCALAR_METHODS = ("item", "tolist")
+_SCALAR_BUILTINS = ("float", "int", "bool", "round", "len")
+
+
+def _scalar_expr(e, assigned: dict, depth: int = 0) -> bool:
+    """``e`` evaluates to a plain Python number (no tensor, no graph): a numeric literal, ``x.item()``, ``float(x)``,
+    arithmetic of those, or a local name whose every assignment in the function is one of those."""
+    if isinstance(e, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(e, cst.Call):
+        f = e.func
+        if isinstance(f, cst.Attribute) and f.attr.value in _SCALAR_METHODS and not e.args:
+            return True
+        return isinstance(f, cst.Name) and f.value in _SCALAR_BUILTINS
+    if isinstance(e, cst.BinaryOperation):
+        return _scalar_expr(e.left, assigned, depth) and _scalar_expr(e.right, assigned, depth)
+    if isinstance(e, cst.Name) and depth < 4:
+        vals = assigned.get(e.value)
+        return bool(vals) and all(_scalar_expr(v, assigned, depth + 1) for v in vals)
+    return False
+
+
+def _script_model_scalar(ctx, flow, key: str) -> bool:
+    """Every ``nn.Module`` class of this file whose ``forward`` returns a dict literal with ``key`` puts a plain Python
+    number there (``acc = (pred == labels).float().mean().item(); return {"loss": loss, "accuracy": acc}``), and at
+    least one does: the script's own models define that output as a number, which holds no autograd graph. Unknown
+    (False) when no class of the file returns the key or one of them returns something else."""
+    memo = ctx.__dict__.setdefault("_bl501_scalar_keys", {})
+    if key in memo:
+        return memo[key]
+    found = ok = False
+    for cls in list(flow.symbols.classes.values()):
+        if not isinstance(cls, cst.ClassDef) or flow.module_family(cls) is None:
+            continue
+        for st in cls.body.body:
+            if not (isinstance(st, cst.FunctionDef) and st.name.value == "forward"):
+                continue
+            assigned: dict = {}
+            returns: list = []
+
+            class V(cst.CSTVisitor):
+                def visit_FunctionDef(self, n):
+                    return n is st  # not into nested functions
+
+                def visit_ClassDef(self, n):
+                    return False
+
+                def visit_Assign(self, n):
+                    for t in n.targets:
+                        if isinstance(t.target, cst.Name):
+                            assigned.setdefault(t.target.value, []).append(n.value)
+
+                def visit_AugAssign(self, n):
+                    if isinstance(n.target, cst.Name):
+                        assigned.setdefault(n.target.value, []).append(cst.BinaryOperation(
+                            n.target, cst.Add(), n.value))
+
+                def visit_Return(self, n):
+                    if n.value is not None:
+                        returns.append(n.value)
+
+            st.visit(V())
+            for r in returns:
+                if not isinstance(r, cst.Dict):
+                    continue
+                for el in r.elements:
+                    if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and \
+                            el.key.evaluated_value == key:
+                        found = True
+                        if not _scalar_expr(el.value, assigned):
+                            memo[key] = False
+                            return False
+                        ok = True
+    memo[key] = found and ok
+    return memo[key]
 
 
 def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
@@ -331,6 +414,9 @@ def _consider(ctx, flow, loop, scope, stmt, hit, training_cache) -> None:
         return
     if _returned(flow, acc, scope) and _result_backwarded(flow, scope):
         return  # e.g. a meta-learning "validation loss" whose caller differentiates it
+    key = _piece_key(value)
+    if key and _script_model_scalar(ctx, flow, key):
+        return  # the script's own model returns a Python number under this key: nothing holds a graph
     stmt_text = ctx.module.code_for_node(stmt).strip()
     val = ctx.module.code_for_node(value)
     if training:

@@ -106,14 +106,16 @@ _RECENT_PER_FILE = 4
 
 def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
     """Runs on the worker thread."""
-    global _reparser, _stmt_cache
+    global _reparser, _stmt_cache, _dry_memo
     guard_rules()
     if _reparser is None:
+        from bertlint.dryreuse import Memo
         from bertlint.incremental import Reparser
         from bertlint.stmtcache import StatementCache
 
         _reparser = Reparser()
         _stmt_cache = StatementCache()
+        _dry_memo = Memo()
     out = LintOutcome(None)
     settings = None
     try:
@@ -131,9 +133,9 @@ def run_lint(text: str, filename: str, settings_path: str) -> LintOutcome:
     _tls.rule_errors = out.rule_errors
     try:
         if filename.endswith(".py"):
-            from bertlint import stmtcache
+            from bertlint import dryreuse, stmtcache
 
-            with stmtcache.using(_stmt_cache, filename, text):
+            with stmtcache.using(_stmt_cache, filename, text), dryreuse.using(_dry_memo, _reparser, filename, text):
                 out.diagnostics = convert.lint(text, filename, settings, functools.partial(_reparser.parse, filename))
         else:
             out.diagnostics = convert.lint(text, filename, settings)
@@ -153,6 +155,9 @@ _reparser = None
 # What the analyses computed from each top-level statement of the last module of each open Python file that is still
 # valid for the same statement object (``bertlint/stmtcache.py``: structural tables only). Worker thread only.
 _stmt_cache = None
+# The dry runs of the last lint of each open Python file, taken again when an edit changed nothing they read
+# (``bertlint/dryreuse.py``). Worker thread only.
+_dry_memo = None
 
 
 def forget(filename: str) -> None:
@@ -161,6 +166,8 @@ def forget(filename: str) -> None:
         _reparser.forget(filename)
     if _stmt_cache is not None:
         _stmt_cache.forget(filename)
+    if _dry_memo is not None:
+        _dry_memo.forget(filename)
 
 
 # ---------------------------------------------------------------------------------------------------
