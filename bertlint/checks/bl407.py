@@ -133,23 +133,11 @@ def check(ctx) -> None:
             on = on_removed(removed)
             if on is None:
                 continue
-            node = s.node
-            if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == name:
-                fix = None
-                if rename:
-                    fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)], fix_kind)
-                ctx.report(node, _message(ta.class_name, name, removed, repl, on), fix=fix, severity=sev)
-            elif isinstance(node, cst.Arg) and node.star == "**":
-                ctx.report(node, _message(ta.class_name, name, removed, repl, on).replace(
-                    f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"), severity=sev)
-            elif ta.source_file and node is not None:
-                ctx.report(
-                    node,
-                    f"`{name}` in {ta.source_file} was removed in transformers {removed}; on {on} "
-                    f"`HfArgumentParser` rejects the key. Fix: "
-                    + (f"use {repl} instead." if repl else "remove it."),
-                    severity=sev,
-                )
+            _report_keyword(
+                ctx, ta, name, s, _message(ta.class_name, name, removed, repl, on),
+                f"`{name}` in {ta.source_file} was removed in transformers {removed}; on {on} "
+                f"`HfArgumentParser` rejects the key. Fix: " + (f"use {repl} instead." if repl else "remove it."),
+                rename, fix_kind, sev)
     unsloth = _imports_unsloth(ctx)
     for ti in fs.trainers:
         if unsloth and _trl_trainer(ctx, ti):
@@ -184,22 +172,27 @@ def _report_added(ctx, ta, name, s, on_missing, fix_kind, sev) -> None:
     on = on_missing(added)
     if on is None:
         return
+    _report_keyword(
+        ctx, ta, name, s, _added_message(ta.class_name, name, added, older, on),
+        f"`{name}` in {ta.source_file} exists only from transformers {added}; on {on} `HfArgumentParser` rejects "
+        f"the key. Fix: " + (f"use {older} instead." if older else "remove it."),
+        rename, fix_kind, sev, from_file_only=True)
+
+
+def _report_keyword(ctx, ta, name, s, message, file_message, rename, fix_kind, sev, from_file_only=False) -> None:
+    """Report the setting ``name`` of ``ta`` where it is written: the keyword (with the rename as a fix), the ``**``
+    it comes through, or the key of the JSON / YAML file it was read from (``from_file_only``: only when the value
+    itself came from that file)."""
     node = s.node
     if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == name:
         fix = None
         if rename:
             fix = ctx.fix(f"Rename `{name}` to `{rename}`", [ctx.edit_replace(node.keyword, rename)], fix_kind)
-        ctx.report(node, _added_message(ta.class_name, name, added, older, on), fix=fix, severity=sev)
+        ctx.report(node, message, fix=fix, severity=sev)
     elif isinstance(node, cst.Arg) and node.star == "**":
-        ctx.report(node, _added_message(ta.class_name, name, added, older, on).replace(
-            f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"), severity=sev)
-    elif ta.source_file and node is not None and s.origin == os.path.basename(ta.source_file):
-        ctx.report(
-            node,
-            f"`{name}` in {ta.source_file} exists only from transformers {added}; on {on} `HfArgumentParser` rejects "
-            f"the key. Fix: " + (f"use {older} instead." if older else "remove it."),
-            severity=sev,
-        )
+        ctx.report(node, message.replace(f"`{ta.class_name}({name}=...)`", f"`{name}` (through `**`)"), severity=sev)
+    elif ta.source_file and node is not None and (not from_file_only or s.origin == os.path.basename(ta.source_file)):
+        ctx.report(node, file_message, severity=sev)
 
 
 def declared_by_project(ta, name: str) -> bool:
