@@ -174,6 +174,20 @@ def _first_code_line_end(text: str, start: int, end: int) -> int:
     return end
 
 
+def _touched(starts: list, p: int, changed_end: int) -> tuple:
+    """(first, last) index of the statements starting at ``starts`` that the change from ``p`` to ``changed_end``
+    touches (an insertion at a boundary touches both neighbours)."""
+    n = len(starts)
+    a = 0
+    while a + 1 < n and starts[a + 1] <= p:
+        a += 1
+    b = a
+    last = max(changed_end - 1, p)
+    while b + 1 < n and starts[b + 1] <= last:
+        b += 1
+    return a, b
+
+
 def _splice(old: _State, new: str, inner: Optional[dict] = None):
     text, module, header, lens = old
     n = len(lens)
@@ -193,13 +207,7 @@ def _splice(old: _State, new: str, inner: Optional[dict] = None):
         off += ln
     body_end = off
     # the statements the change touches (an insertion at a boundary touches both neighbours: the padding)
-    a = 0
-    while a + 1 < n and starts[a + 1] <= p:
-        a += 1
-    b = a
-    last = max(changed_end - 1, p)
-    while b + 1 < n and starts[b + 1] <= last:
-        b += 1
+    a, b = _touched(starts, p, changed_end)
     if a == b and a + 1 < n and p >= header and changed_end <= starts[a] + lens[a]:
         # inside one statement that has one after it: into its indented block when the edit lies there
         got = _nested(module, text, new, p, changed_end, new_changed_end, module.body[a], starts[a], lens[a], inner)
@@ -352,13 +360,7 @@ def _nested(module, text: str, new: str, p: int, changed_end: int, new_changed_e
             starts.append(off)
             off += ln
         n = len(lens)
-        a = 0
-        while a + 1 < n and starts[a + 1] <= p:
-            a += 1
-        b = a
-        last = max(changed_end - 1, p)
-        while b + 1 < n and starts[b + 1] <= last:
-            b += 1
+        a, b = _touched(starts, p, changed_end)
         levels.append((node, block, bstack, starts, lens, a, b))
         if a != b or a + 1 >= n or p < _first_code_line_end(text, starts[a], starts[a] + lens[a]):
             break

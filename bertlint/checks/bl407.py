@@ -151,20 +151,22 @@ def check(ctx) -> None:
                 added, older, rename = TRAINER_ADDED[a.keyword.value]
                 on = on_missing(added)
                 if on is not None:
-                    fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
-                                  fix_kind)
-                    ctx.report(a, _added_message(ti.class_name or "Trainer", a.keyword.value, added, older, on),
-                               fix=fix, severity=sev)
+                    _report_trainer_keyword(ctx, a, _added_message(ti.class_name or "Trainer", a.keyword.value, added,
+                                                                   older, on), rename, fix_kind, sev)
             if a.keyword is not None and a.keyword.value in TRAINER_REMOVED:
                 removed, repl, rename = TRAINER_REMOVED[a.keyword.value]
                 if init_takes(ti, a.keyword.value):
                     continue
                 on = on_removed(removed)
                 if on is not None:
-                    fix = ctx.fix(f"Rename `{a.keyword.value}` to `{rename}`", [ctx.edit_replace(a.keyword, rename)],
-                                  fix_kind)
-                    ctx.report(a, _message(ti.class_name or "Trainer", a.keyword.value, removed, repl, on), fix=fix,
-                               severity=sev)
+                    _report_trainer_keyword(ctx, a, _message(ti.class_name or "Trainer", a.keyword.value, removed,
+                                                             repl, on), rename, fix_kind, sev)
+
+
+def _report_trainer_keyword(ctx, arg, message: str, rename: str, fix_kind, sev) -> None:
+    """Report a Trainer keyword argument with the rename as its fix."""
+    fix = ctx.fix(f"Rename `{arg.keyword.value}` to `{rename}`", [ctx.edit_replace(arg.keyword, rename)], fix_kind)
+    ctx.report(arg, message, fix=fix, severity=sev)
 
 
 def _report_added(ctx, ta, name, s, on_missing, fix_kind, sev) -> None:
