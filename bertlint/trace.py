@@ -208,6 +208,12 @@ class Window:
         return [e for e in self.events if e.kind in kinds]
 
     @property
+    def n_mbs(self) -> int:
+        """How many micro-batches ran a backward in this window (one may run several: an adversarial (FGM / PGD)
+        second loss, one backward per task or dataset of a multi-task step)."""
+        return len({(e.epoch, e.mb) for e in self.events if e.kind == "backward"})
+
+    @property
     def mbs(self) -> str:
         """``micro-batches 1–4`` (1-based for people)."""
         b = sorted({e.mb for e in self.backwards})
@@ -800,7 +806,7 @@ def window_length(trace: Trace) -> list:
     last_mb = max((b.mb for b in bws if b.epoch == 0), default=-1)
     if e0 and e0[-1].step.mb == last_mb and len(e0[-1].backwards) < n:
         e0 = e0[:-1]  # the epoch's tail, stepped at its end: right
-    sizes = [len(w.backwards) for w in e0]
+    sizes = [w.n_mbs for w in e0]  # micro-batches, not backwards: FGM / one backward per task run several
     if not sizes or all(k == 1 for k in sizes):
         return []  # steps every micro-batch: BL101's case
     if len(trace.optimizers()) != 1:
@@ -811,13 +817,20 @@ def window_length(trace: Trace) -> list:
     short = [k for k in body if k < n]
     if not (len(short) >= 2 or (body and len(set(body)) == 1 and body[0] > n)):
         return []  # one odd window (a leaked tail, a restart): not a misplaced gate
-    bad = next((w for w in e0 if len(w.backwards) != n and not (w is e0[0] and len(w.backwards) < n)), None)
+    bad = next((w for w in e0 if w.n_mbs != n and not (w is e0[0] and w.n_mbs < n)), None)
     if bad is None or trace.n_text not in (bad.step.cond_text or ""):
         return []  # the step is not gated on N itself: N may not be this loop's window
-    msg = (f"windows of {', '.join(map(str, sizes))} backwards in epoch 1 (steps after micro-batches "
+    msg = (f"windows of {', '.join(map(str, sizes))} micro-batches in epoch 1 (steps after micro-batches "
            f"{', '.join(str(w.step.mb + 1) for w in e0[:5])}) → not {n} (`{trace.n_text}`): the step runs on the "
            f"wrong micro-batches")
-    return [Violation("BL108", bad.step, msg, {"kind": "sizes", "sizes": sizes, "at": "call"})]
+    twice = next((a for a, b in zip(e0, e0[1:]) if a.step.mb == b.step.mb), None)
+    if twice is not None:
+        k = sum(1 for w in e0 if w.step.mb == twice.step.mb)
+        msg += (f"; `{twice.step.name}` runs {k}× after micro-batch {twice.step.mb + 1}: the gate tests the "
+                f"micro-batch counter inside a loop that runs several backwards per micro-batch (one per task), so "
+                f"a boundary steps once per pass and the later updates hold one backward each")
+    return [Violation("BL108", bad.step, msg, {"kind": "sizes", "sizes": sizes, "at": "call",
+                                               "per_pass": twice is not None})]
 
 
 def engine_owns_boundary(trace: Trace) -> list:

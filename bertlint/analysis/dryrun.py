@@ -2097,8 +2097,14 @@ class _Runner:
             for nm in _target_names(stmt.target):
                 self.store(nm, UNK, frame)
         self.inner_loops.append(stmt)
+        # a loop of backwards inside one micro-batch (one per task / dataset, ``loops._gated_on_parent``) runs its
+        # body twice: an optimizer step inside it, under the micro-batch counter's gate, then runs twice per window
+        runs = 2 if id(stmt) in (self.f.__dict__.get("multi_backward") or ()) else 1
         try:
-            sig = self._block(_body(stmt.body), frame)
+            for _ in range(runs):
+                sig = self._block(_body(stmt.body), frame)
+                if sig in ("return", "break"):
+                    break
         finally:
             self.inner_loops.pop()
         if sig == "return":
@@ -2107,9 +2113,14 @@ class _Runner:
 
     def _if(self, stmt, frame, chain, level) -> Optional[str]:
         rel = self.dr.relevant_branch(stmt, self.f)
+        modes = _mode_chain(stmt) if isinstance(stmt.orelse, cst.If) else None
+        if modes:
+            self._exclusive_modes(modes, before=True)
         c = self.truth(stmt.test, frame, split=rel, split_parts=rel and self.dr.sync_branch(stmt))
         line = 0
         if c is True:
+            if modes:
+                self._exclusive_modes(modes, before=False)
             self.conds.append((line, stmt.test))
             try:
                 return self._block(_body(stmt.body), frame, chain, level)
@@ -2506,6 +2517,9 @@ class _Runner:
             head = name.split(".")[0]
             if head not in {p.name.value for p in list(func.params.params) + list(func.params.kwonly_params)}:
                 return _Unk(True, name)  # a global of the sibling module: this file's binding of the name is not it
+            start = _sibling_counter_start(name, func, project.info_of(func))
+            if start is not None:
+                return start
         if self.n_text and name == self.n_text:
             return Num(self.n, is_n=True, text=name)
         if name in self.pinned and frame.depth == 0:
@@ -2638,6 +2652,25 @@ class _Runner:
         if split_parts and type(expr) is cst.BooleanOperation:
             return self._bool_split(expr, frame)
         return None
+
+    def _exclusive_modes(self, modes: list, before: bool) -> None:
+        """The arms of a dispatch chain on mode flags (``if self.do_grad_scaling: scaler.scale(loss).backward()
+        elif self.use_apex: ... elif self.deepspeed: engine.backward(loss)``) are exclusive by intent: the code
+        that sets the flags never sets two (the HF Trainer turns grad scaling off under DeepSpeed), so a run
+        where a later arm's flag already holds does not also take an earlier arm (``before``), and a run that took
+        the first arm does not hold the later flags either (they were never tested there). Only flags this run has
+        not fixed yet are fixed; a run that fixed two of them keeps both."""
+        keys = [_cond_key(t) for t in modes]
+        if before:
+            held = [i for i, (k, pol) in enumerate(keys) if k in self.config and self.config[k] == pol]
+            if held and held[0] > 0:
+                for k, pol in keys[:held[0]]:
+                    if k not in self.config:
+                        self.config[k] = not pol
+            return
+        for k, pol in keys[1:]:
+            if k not in self.config:
+                self.config[k] = not pol
 
     def _fixed_operand(self, expr) -> bool:
         """An operand of the ``and`` / ``or`` is a condition this run's configuration already fixed."""
@@ -4287,6 +4320,21 @@ def _eq_excluded(expr, config: dict, memo: Optional[dict] = None) -> Optional[st
     return None
 
 
+def _mode_chain(stmt) -> Optional[list]:
+    """The tests of an ``if`` / ``elif`` chain when every one is a bare flag (``self.use_apex``, ``args.fp16``, ``not
+    x``): a dispatch on exclusive modes. None for any other chain."""
+    tests = []
+    while isinstance(stmt, cst.If):
+        t = stmt.test
+        while isinstance(t, cst.UnaryOperation) and isinstance(t.operator, cst.Not):
+            t = t.expression
+        if type(t) not in (cst.Name, cst.Attribute) or dotted(t) is None:
+            return None
+        tests.append(stmt.test)
+        stmt = stmt.orelse
+    return tests if len(tests) >= 2 else None
+
+
 def _cond_key(expr) -> tuple[str, bool]:
     """A configuration key and polarity: ``not x`` / ``x is None`` -> (x, False); ``x is not None`` -> (x, True)."""
     pol = True
@@ -4324,6 +4372,35 @@ def _name_expr(name: str):
     for p in parts[1:]:
         e = cst.Attribute(value=e, attr=cst.Name(p))
     return e
+
+
+def _sibling_counter_start(name: str, func, info) -> Optional[Num]:
+    """``self.local_updates`` read in a sibling module's method (``model.update(batch)`` of a class defined in
+    ``mt_dnn/model.py``): a counter of the object that the class's ``__init__`` sets to one integer literal and that
+    only ``+=`` changes afterwards starts at that literal in a fresh run (the same reading as a counter of this
+    file's own class, ``_counter_init``). Anything else (assigned again, loaded from a checkpoint): None."""
+    if info is None or not name.startswith("self.") or name.count(".") != 1:
+        return None
+    try:
+        st = info.symbols
+    except Exception:
+        return None
+    cls = st.method_class.get(id(func))
+    if cls is None or not st.aug_assigns.get(name):
+        return None
+    assigns = st.assignments.get(name, [])
+    if len(assigns) != 1:
+        return None
+    a = assigns[0]
+    if a.func is None or a.func.name.value != "__init__" or st.method_class.get(id(a.func)) is not cls:
+        return None
+    v = literal(a.value)
+    if type(v) is not int:
+        return None
+    for node, _f in st.aug_assigns[name]:
+        if not isinstance(node.operator, cst.AddAssign) or type(literal(node.value)) is not int:
+            return None
+    return Num(v)
 
 
 def _target_names(t) -> list:

@@ -153,6 +153,7 @@ class FileLoops:
         self.loops: list[TrainingLoop] = []
         self._backward_memo: dict[int, bool] = {}
         self._kinds: dict[tuple, tuple] = {}
+        self.multi_backward: set = set()  # ids of loops run inside one micro-batch, each iteration a backward
         try:
             self._build_loops()
         except RecursionError:
@@ -302,9 +303,23 @@ class FileLoops:
             if self._has_backward(node.body, cls, 0, set(), func):
                 found.append((node, func, cls, outer))
         with_bw_ids = {id(n) for n, *_ in found}
+        promoted: set = set()  # parent loops whose own counter gates the step (their inner loop: backwards per batch)
         for node, func, cls, outer in found:
+            if outer and id(outer[-1]) not in promoted and _gated_on_parent(node, outer[-1], self, func):
+                promoted.add(id(outer[-1]))
+                self.multi_backward.add(id(node))
+        for node, func, cls, outer in found:
+            if id(node) in promoted:
+                # ``for step, batch in enumerate(loader): for task in tasks: ...backward()`` with the step gated
+                # on ``step``: the outer loop is the micro-batch loop, the inner one runs several backwards of it
+                loop = TrainingLoop(node, func, cls, outer=[o for o in outer if id(o) in with_bw_ids], file=self)
+                _LoopWalker(self, loop).run()
+                self.loops.append(loop)
+                continue
             # an outer (epoch) loop: an inner loop runs the backward
             if any(any(x is node for x in o) for _, _, _, o in found):
+                continue
+            if id(node) in self.multi_backward:
                 continue
             loop = TrainingLoop(node, func, cls, outer=[o for o in outer if id(o) in with_bw_ids], file=self)
             _LoopWalker(self, loop).run()
@@ -347,6 +362,47 @@ class FileLoops:
                         break
         self._backward_memo[key] = res
         return res
+
+
+def _gated_on_parent(inner: LoopNode, parent: LoopNode, f=None, func=None) -> bool:
+    """Is the optimizer step of this loop nest gated on the parent loop's own counter, with the inner loop running
+    backwards only? ``for step, batch in enumerate(dl): for task in tasks: loss.backward()`` then ``if (step + 1) %
+    N == 0: optimizer.step()`` (in the parent, or inside the inner loop): the parent's iterations are the micro-batches
+    the gate counts, the inner loop is several backwards of one micro-batch (one per task / dataset), not a window.
+    Only a modulo on a name the parent binds (its target, or a counter it assigns outside the inner loop) that the
+    inner loop neither binds nor assigns; a window loop (``for micro in range(N)`` with an ungated step after it)
+    keeps the window model."""
+    if not isinstance(parent, cst.For) or not isinstance(inner, (cst.For, cst.While)):
+        return False
+    inner_names = set(_assigned_names(inner.body))
+    if isinstance(inner, cst.For):
+        inner_names |= {n.value for n in walk(inner.target) if type(n) is cst.Name}
+    parent_names = {n.value for n in walk(parent.target) if type(n) is cst.Name}
+    inner_ids = {id(n) for n in walk(inner)}
+    for n in walk(parent.body):
+        if id(n) in inner_ids and n is not inner:
+            continue
+        if type(n) is cst.AugAssign and type(n.target) is cst.Name:
+            parent_names.add(n.target.value)
+    parent_names -= inner_names
+    if not parent_names:
+        return False
+    for n in walk(parent.body):
+        if type(n) is not cst.If:
+            continue
+        mods = [m for m in walk(n.test) if type(m) is cst.BinaryOperation and type(m.operator) is cst.Modulo]
+        if not mods:
+            continue
+        read = {x.value for m in mods for x in walk(m.left) if type(x) is cst.Name}
+        if not read & parent_names or read & inner_names:
+            continue
+        for c in walk(n.body):
+            if type(c) is cst.Call and isinstance(c.func, cst.Attribute) and c.func.attr.value == "step":
+                rname = dotted(c.func.value)
+                if f is not None and rname is not None and f.receiver_kind(rname, func)[0] == "scheduler":
+                    continue  # ``if step % eval_every == 0: scheduler.step(metric)``: not the update
+                return True
+    return False
 
 
 def backward_style(call: cst.Call, f: FileLoops, func=None, kind=None) -> Optional[str]:

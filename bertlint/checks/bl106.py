@@ -82,7 +82,7 @@ def _schedulers(tr, f) -> list:
             scheds.setdefault(e.target, []).append(e)
     if tr.owner in ("plain", "fabric"):
         wins = tr.window_structure()
-        if not wins or not any(len(w.backwards) == tr.n for w in wins):
+        if not wins or not any(w.n_mbs == tr.n for w in wins):
             return []
         step_mbs = [s.mb for s in tr.effective_steps()]
         for recv, evs in scheds.items():

@@ -32,6 +32,8 @@ def check(ctx) -> None:
                    f"off the sync step).")
         else:
             when = f" when `{step.cond_text}`" if step.cond_text else ""
-            msg = (f"The optimizer steps{when} on the wrong micro-batches{_ga.when(tr)}: {v.message}. Step when "
-                   f"`(i + 1) % {tr.n_text} == 0`. ({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})")
+            fix = (f"Move the gated step out of the inner loop, after its last backward" if v.data.get("per_pass")
+                   else f"Step when `(i + 1) % {tr.n_text} == 0`")
+            msg = (f"The optimizer steps{when} on the wrong micro-batches{_ga.when(tr)}: {v.message}. {fix}. "
+                   f"({_ga.owner_note(ctx, run.loop)}{_ga.trace_note(tr)})")
         _ga.treport(ctx, run, tr, node, msg, severity=_ga.tsev(step))

@@ -83,7 +83,7 @@ def _per_micro_batch_counters(ctx, tr) -> dict:
         return {}
     if tr.owner != "accelerate":
         wins = tr.window_structure()
-        if not wins or not any(len(w.backwards) == tr.n for w in wins):
+        if not wins or not any(w.n_mbs == tr.n for w in wins):
             return {}  # updates are not windows of N backwards
     by: dict = {}
     for e in tr.of("counter"):

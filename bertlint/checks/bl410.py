@@ -307,7 +307,7 @@ def _steps_per_window(tr) -> bool:
     wins = tr.window_structure()
     if not wins:
         return False
-    return any(len(w.backwards) == tr.n for w in wins)
+    return any(w.n_mbs == tr.n for w in wins)
 
 
 def _step_counters(tr) -> list:
