@@ -193,6 +193,48 @@ def test_bl404_mean_override_only_on_5x_with_accumulation():
     assert codes(src.replace("class FocalTrainer(Trainer):", "class FocalTrainer(Trainer):\n    loss_is_scaled_for_ga = False"), code="BL404") == []
 
 
+CONTRASTIVE = """import torch
+from transformers import Trainer
+
+
+class ContrastiveTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+        q = model(input_ids=inputs["query_ids"], attention_mask=inputs["query_mask"]).last_hidden_state[:, 0]
+        p = model(input_ids=inputs.get("pos_ids"), attention_mask=inputs.pop("pos_mask")).last_hidden_state[:, 0]
+        scores = q @ p.T
+        loss = torch.nn.functional.cross_entropy(scores, torch.arange(q.size(0), device=q.device))
+        return (loss, scores) if return_outputs else loss
+"""
+
+
+def test_bl404_mean_override_whose_batch_has_no_labels_is_not_reported():
+    # transformers 5.24 counts num_items_in_batch only when "labels" in the batch; without it the Trainer divides the
+    # returned loss by N itself (seen on CPU: compute_loss 0.6948, training_step returned 0.1737 at N=4; with a
+    # "labels" key in the same batches it returned 0.6947)
+    assert codes(CONTRASTIVE, code="BL404") == []
+    built = CONTRASTIVE.replace("from transformers import Trainer", "from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments") + (
+        "\n\nmodel = AutoModelForSequenceClassification.from_pretrained('roberta-base')\n"
+        "args = TrainingArguments(output_dir='out', gradient_accumulation_steps=4, remove_unused_columns=False)\n"
+        "trainer = ContrastiveTrainer(model=model, args=args)\n")
+    assert codes(built, "5.24.0", "BL404") == []
+    # a collator of the file that puts `labels` in every batch decides (fixtures/trainer/compute_loss_collator_labels_bad.py)
+    collated = built.replace("import torch\n", "import torch\n\n\ndef collate(features):\n"
+                             "    return {'query_ids': None, 'labels': torch.ones(len(features))}\n\n", 1).replace(
+        "args=args)", "args=args, data_collator=collate)")
+    assert [c for c, _ in codes(collated, "5.24.0", "BL404")] == ["BL404"]
+
+
+def test_bl404_mean_override_whose_batch_keys_are_not_all_known_still_warns():
+    with_labels = CONTRASTIVE.replace('inputs["query_mask"]', 'inputs["labels"]')
+    assert codes(with_labels, code="BL404") == [("BL404", 6)]
+    whole = CONTRASTIVE.replace('input_ids=inputs["query_ids"], attention_mask=inputs["query_mask"]', "**inputs")
+    assert codes(whole, code="BL404") == [("BL404", 6)]
+    by_variable = CONTRASTIVE.replace('inputs["query_ids"]', "inputs[self.query_key]")
+    assert codes(by_variable, code="BL404") == [("BL404", 6)]
+    rebound = CONTRASTIVE.replace("        scores = q @ p.T\n", "        scores = q @ p.T\n        self.last = inputs\n")
+    assert codes(rebound, code="BL404") == [("BL404", 6)]
+
+
 # ---------------------------------------------------------------------------------------------- BL407 / BL305
 
 
