@@ -1383,3 +1383,153 @@ def test_bl501_own_model_returns_a_tensor_under_the_key():
     src = _OWN_MODEL.format(acc_line="acc = (logits.argmax(-1) == y).float().mean()")
     got = {(d.code, d.start.row, d.severity.name) for d in lint(src, codes=("BL501",))}
     assert got == {("BL501", 25, "INFO"), ("BL501", 26, "WARNING")}
+
+
+# ------------------------------------------------------------------ session 8 (s8vis): `model.train()` is no caller
+def test_bl502_function_named_train_is_not_called_by_model_train():
+    """A module-level `def train(...)` drives a training helper (which calls `model.train()`) and an evaluation
+    helper. `model.train()` is nn.Module's method, not a call of this `train`: it must not make the evaluation
+    helper's callers unknown (the grad state used to chase itself through train -> train_epoch -> model.train() ->
+    train and give up)."""
+    check("""
+        import torch
+        import torch.nn.functional as F
+
+        def train_epoch(loader, model, optimizer):
+            model.train()
+            for batch in loader:
+                optimizer.zero_grad()
+                pred, true = model(batch)
+                F.mse_loss(pred, true).backward()
+                optimizer.step()
+
+        def eval_epoch(loader, model):
+            model.eval()
+            for batch in loader:
+                pred, true = model(batch)  # expect: BL502
+                print(F.mse_loss(pred, true).item())
+
+        def train(loaders, model, optimizer, epochs):
+            for epoch in range(epochs):
+                train_epoch(loaders[0], model, optimizer)
+                for i in range(1, len(loaders)):
+                    eval_epoch(loaders[i], model)
+        """)
+
+
+def test_bl502_function_named_train_caller_under_no_grad_stays_silent():
+    """The same shape with the evaluation helper called under `torch.no_grad()` by `train`, and by `train` through a
+    module alias elsewhere: every visible caller disables grad, nothing is reported."""
+    check("""
+        import torch
+        import torch.nn.functional as F
+
+        def train_epoch(loader, model, optimizer):
+            model.train()
+            for batch in loader:
+                optimizer.zero_grad()
+                pred, true = model(batch)
+                F.mse_loss(pred, true).backward()
+                optimizer.step()
+
+        def eval_epoch(loader, model):
+            model.eval()
+            for batch in loader:
+                pred, true = model(batch)
+                print(F.mse_loss(pred, true).item())
+
+        def train(loaders, model, optimizer, epochs):
+            for epoch in range(epochs):
+                train_epoch(loaders[0], model, optimizer)
+                with torch.no_grad():
+                    for i in range(1, len(loaders)):
+                        eval_epoch(loaders[i], model)
+        """)
+
+
+def test_bl502_validation_forward_after_the_step_in_a_training_function():
+    """A full-batch training function steps, then switches to eval mode for a validation metric and runs the model
+    again with grad on: that forward comes after every backward / step of the function and feeds none, so it is an
+    evaluation forward (reported with a fix that wraps only the forwards, not the training function)."""
+    src = """
+        import torch
+        import torch.nn.functional as F
+
+        def train(model, optimizer, features, labels, idx_train, idx_val, fast):
+            model.train()
+            optimizer.zero_grad()
+            output = model(features)
+            loss = F.nll_loss(output[idx_train], labels[idx_train])
+            loss.backward()
+            optimizer.step()
+            if not fast:
+                model.eval()
+                output = model(features)  # expect: BL502
+            print(F.nll_loss(output[idx_val], labels[idx_val]).item())
+        """
+    check(src)
+    (d,) = lint(src, codes=("BL502",))
+    assert "after the function's last backward and optimizer step" in d.message
+    assert "decorate `train`" not in d.message and "not the whole function" in d.message
+
+
+def test_bl502_eval_mode_forward_before_the_backward_stays_silent():
+    """Look-alikes: the eval-mode forward whose output a later backward of the same function uses (a frozen-BN
+    fine-tuning step), and one followed by a second optimizer step in the same function: not evaluations."""
+    check("""
+        import torch
+        import torch.nn.functional as F
+
+        def step_frozen_bn(model, optimizer, x, y):
+            model.eval()
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        def two_steps(model, optimizer, x, y):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            model.eval()
+            out = model(x)
+            optimizer.zero_grad()
+            F.cross_entropy(out, y).backward()
+            optimizer.step()
+        """)
+
+
+_DICT_TOTAL = """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    def train(loader, epochs):
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        stats = {{"loss": 0.0, "out": 0.0}}
+        for epoch in range(epochs):
+            for x, y in loader:
+                out = model(x)
+                loss = F.mse_loss(out, y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                stats["loss"] += loss.item()
+                stats["out"] += {value}
+        return stats
+"""
+
+
+def test_bl501_running_total_in_a_dict_entry():
+    """`stats["out"] += out.mean()` is a running total like `total += ...`, kept in a dict entry made before the
+    loop (PPO / detection loggers keep their totals that way): the graph-carrying mean is reported."""
+    got = {(d.code, d.start.row) for d in lint(_DICT_TOTAL.format(value="out.mean()"), codes=("BL501",))}
+    assert got == {("BL501", 18)}
+
+
+def test_bl501_dict_entry_total_of_numbers_stays_silent():
+    """The same dict totals of `.item()` / detached values keep no graph: nothing is reported."""
+    for value in ("out.mean().item()", "out.detach().mean()"):
+        assert lint(_DICT_TOTAL.format(value=value), codes=("BL501",)) == []

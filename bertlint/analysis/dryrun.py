@@ -4241,18 +4241,63 @@ def _reduction_sum(call) -> bool:
     return type(r) is cst.SimpleString and r.evaluated_value == "sum"
 
 
+def _sum_expr(e, sums: set) -> bool:
+    """``e`` is a summed loss: a ``reduction="sum"`` call, a name bound to one, a sum of such terms, or one of
+    them scaled by a number literal (``F.mse_loss(..., reduction="sum") / 2``)."""
+    if isinstance(e, cst.Call):
+        return _reduction_sum(e)
+    if isinstance(e, cst.Name):
+        return e.value in sums
+    if isinstance(e, cst.BinaryOperation):
+        if isinstance(e.operator, cst.Add):
+            return _sum_expr(e.left, sums) and _sum_expr(e.right, sums)
+        if isinstance(e.operator, (cst.Multiply, cst.Divide)):
+            num = (cst.Integer, cst.Float)
+            if isinstance(e.right, num):
+                return _sum_expr(e.left, sums)
+            if isinstance(e.operator, cst.Multiply) and isinstance(e.left, num):
+                return _sum_expr(e.right, sums)
+    return False
+
+
 def _returns_sum_loss(fn) -> bool:
     """A ``forward`` whose every ``return`` of a call is a ``reduction="sum"`` loss (``return F.cross_entropy(...,
-    reduction="sum")``, or a name assigned from one)."""
+    reduction="sum")``, or a name assigned from one, or the first item of a returned tuple
+    ``return loss, loss_xy, ...``), where a name may also be built up as ``loss = 0`` then ``loss += F.bce(...,
+    reduction="sum")`` (a detection loss summed over the images of the batch)."""
     sums: set = set()
+    bad: set = set()  # bound to something else too
+    zero: set = set()
     rets: list = []
 
     class V(cst.CSTVisitor):
         def visit_Assign(self, node):
-            if isinstance(node.value, cst.Call) and _reduction_sum(node.value):
-                for t in node.targets:
-                    if isinstance(t.target, cst.Name):
-                        sums.add(t.target.value)
+            for t in node.targets:
+                tgt, vals = t.target, [node.value]
+                if isinstance(tgt, cst.Tuple) and isinstance(node.value, cst.Tuple) and \
+                        len(tgt.elements) == len(node.value.elements):
+                    pairs = [(a.value, b.value) for a, b in zip(tgt.elements, node.value.elements)]
+                else:
+                    pairs = [(tgt, vals[0])]
+                for tg, v in pairs:
+                    if not isinstance(tg, cst.Name):
+                        continue
+                    if _sum_expr(v, sums):
+                        sums.add(tg.value)
+                    elif isinstance(v, cst.Integer) and v.value == "0":
+                        zero.add(tg.value)
+                    else:
+                        bad.add(tg.value)
+
+        def visit_AugAssign(self, node):
+            if isinstance(node.target, cst.Name):
+                n = node.target.value
+                if isinstance(node.operator, cst.AddAssign) and _sum_expr(node.value, sums) and \
+                        (n in zero or n in sums):
+                    sums.add(n)
+                elif not (isinstance(node.operator, (cst.MultiplyAssign, cst.DivideAssign))
+                          and isinstance(node.value, (cst.Integer, cst.Float))):
+                    bad.add(n)
 
         def visit_Return(self, node):
             rets.append(node.value)
@@ -4261,12 +4306,13 @@ def _returns_sum_loss(fn) -> bool:
             return node is fn  # not into nested functions
 
     fn.visit(V())
+    sums -= bad
     if not rets:
         return False
     for r in rets:
-        if isinstance(r, cst.Call) and _reduction_sum(r):
-            continue
-        if isinstance(r, cst.Name) and r.value in sums:
+        if isinstance(r, cst.Tuple) and r.elements:
+            r = r.elements[0].value
+        if _sum_expr(r, sums):
             continue
         return False
     return True

@@ -584,6 +584,10 @@ class EvalFlow:
                 recv = dotted(c.func.value) or ""
                 if is_method and recv.startswith(("self.", "cls.")):
                     continue  # `self.model.train()`: another object's method of the same name
+                if not is_method and recv.split(".")[0] not in self.symbols.imports:
+                    # a module-level `def train(...)` is reached as `train(...)` or through a module alias
+                    # (`engine.train(...)`); `model.train()` on a local object is that object's own method
+                    continue
                 sites.append(c)
         refs = []
         for nm in self._names_by_value().get(name, ()):

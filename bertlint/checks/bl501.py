@@ -37,6 +37,10 @@ def _accumulation(flow, s, env) -> Optional[tuple[str, cst.BaseExpression, str]]
     """(accumulator, accumulated value, form) when ``s`` accumulates a graph-carrying value."""
     if isinstance(s, cst.AugAssign) and isinstance(s.operator, cst.AddAssign):
         acc = dotted(s.target)
+        if acc is None and isinstance(s.target, cst.Subscript) and len(s.target.slice) == 1 and \
+                isinstance(s.target.slice[0].slice, cst.Index) and \
+                isinstance(s.target.slice[0].slice.value, (cst.SimpleString, cst.Integer)):
+            acc = dotted(s.target.value)  # `info["ratio"] += x`: a running total kept in a dict (or list) entry
         if acc and flow.carries_graph(s.value, env):
             return acc, s.value, "+="
         return None

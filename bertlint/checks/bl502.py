@@ -220,13 +220,28 @@ def _pytest_test(ctx, flow, scope) -> bool:
         isinstance(owner, cst.ClassDef) and owner.name.value.startswith("Test")
 
 
+def _trained_before(flow, scope, ev) -> bool:
+    """Every backward / optimizer step of ``scope`` (its own calls, the training functions of this file it calls,
+    an optimizer handed on) comes before the ``X.eval()`` call ``ev``, outside any loop: the function trains first
+    and then evaluates (``loss.backward(); optimizer.step(); model.eval(); out = model(x)`` for a validation
+    metric), so the forwards after ``ev`` feed no backward of it."""
+    if flow.loop_of(ev) is not None:
+        return False
+    for c in flow.calls_in(scope):
+        if flow.order.get(c, -1) <= flow.order[ev]:
+            continue
+        if flow.has_backward(c) or flow.passes_optimizer(c):
+            return False
+    return True
+
+
 def _single_forwards(ctx, flow, scope, fwds) -> None:
     """Forwards outside any loop in a function that puts the model in eval mode first and trains nothing
     (``sample_images()``: ``G.eval()`` then ``fake = G(real)``): one report per function, at the first such forward.
     Not in a pytest test function (``_pytest_test``)."""
-    if flow.framework_owned(scope) or flow.has_backward(scope) or flow.passes_optimizer(scope) or \
-            _uses_gradients(flow, scope) or _pytest_test(ctx, flow, scope):
+    if flow.framework_owned(scope) or _uses_gradients(flow, scope) or _pytest_test(ctx, flow, scope):
         return
+    trains = flow.has_backward(scope) or flow.passes_optimizer(scope)
     for fwd in fwds:
         if flow.grad_state(fwd) != ENABLED:
             continue
@@ -236,6 +251,8 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
         ev = flow.eval_mode_before(fwd, {recv})
         if ev is None or flow.loop_of(ev) is not None:
             continue
+        if trains and not _trained_before(flow, scope, ev):
+            return
         if _guarded_elsewhere(ctx, flow, scope):
             return
         if any(isinstance(r, cst.Return) and r.value is not None for r in flow.returns.get(scope, [])):
@@ -252,10 +269,15 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
         ctx.report(
             fwd,
             f"`{fwd_text}(...)` runs in `{scope.name.value}()` after {eval_call_text(flow, ev)} with autograd "
-            f"on, and nothing in the function back-propagates: the forward records its graph and keeps its "
+            + ("on, after the function's last backward and optimizer step, and nothing back-propagates it: "
+               if trains else "on, and nothing in the function back-propagates: ") +
+            f"the forward records its graph and keeps its "
             f"activations until the results are dropped, for a backward that never comes (torch 2.x). "
-            f"`{model}.eval()` does not turn gradients off. Fix: decorate `{scope.name.value}` with "
-            f"`@torch.no_grad()` (or run the forwards under `with torch.no_grad():`).",
+            f"`{model}.eval()` does not turn gradients off. Fix: "
+            + ("run the evaluation forwards under `with torch.no_grad():` (not the whole function: it trains "
+               "before them)." if trains else
+               f"decorate `{scope.name.value}` with `@torch.no_grad()` (or run the forwards under "
+               f"`with torch.no_grad():`)."),
             data={"model": model, "reason": f"after {eval_call_text(flow, ev)}"},
         )
         return
