@@ -266,3 +266,83 @@ def test_an_attribute_holding_a_sibling_instance_is_called(tmp_path):
             '''),
     })
     assert _codes(str(tmp_path / "train.py")) == [("BL103", 16)]
+
+
+_MP = '''
+import torch
+
+
+class MixedPrecision:
+    def __init__(self, model):
+        self.model = model
+
+    def zero_grad(self):
+        for p in self.model.parameters():
+            p.grad = None
+
+    def backward(self, loss):
+        loss.backward()
+
+    def optimize(self, opt):
+        opt.step()
+'''
+
+_TWO_LOOPS = '''
+import torch
+from mp_util import MixedPrecision
+
+
+class Trainer:
+    def __init__(self, model, microbatch):
+        self.model = model
+        self.mp = MixedPrecision(model)
+        self.opt = torch.optim.AdamW(model.parameters())
+        self.microbatch = microbatch
+
+    def run_loop(self, data, steps):
+        for _ in range(steps):
+            self.run_step(next(data))
+
+    def run_step(self, batch):
+        self.forward_backward(batch)
+        self.mp.optimize(self.opt)
+
+    def forward_backward(self, batch):
+        self.mp.zero_grad()
+        for i in range(0, batch.shape[0], self.microbatch):
+            loss = self.model(batch[i:i + self.microbatch]).mean(){div}
+            self.mp.backward(loss)
+
+
+class DistillTrainer(Trainer):
+    def run_loop(self, data, steps):
+        for _ in range(steps):
+            self.run_step(next(data))
+
+    def run_step(self, batch):
+        self.forward_backward(batch)
+        self.mp.optimize(self.opt)
+
+    def forward_backward(self, batch):
+        self.mp.zero_grad()
+        for i in range(0, batch.shape[0], self.microbatch):
+            micro = batch[i:i + self.microbatch]
+            loss = (self.model(micro) - self.model(micro).detach()).pow(2).mean(){div}
+            self.mp.backward(loss)
+'''
+
+
+def test_sibling_helper_reached_from_two_loops_is_two_findings(tmp_path):
+    """The same sibling `backward` reached from two micro-batch loops of this file (a base trainer and a subclass
+    overriding its driving loop and `forward_backward`): each loop's missing 1/N is its own finding, anchored at its own call (they used
+    to be merged into the first call's line)."""
+    _write(tmp_path, {"mp_util.py": _MP, "train.py": _TWO_LOOPS.format(div="")})
+    got = [c for c in _codes(str(tmp_path / "train.py")) if c[0] == "BL103"]
+    assert [row for _, row in got] == [25, 42]
+
+
+def test_sibling_helper_two_loops_divided_stay_silent(tmp_path):
+    """Both loops divide by the number of micro-batches: nothing."""
+    div = " / (len(batch) // self.microbatch)"
+    _write(tmp_path, {"mp_util.py": _MP, "train.py": _TWO_LOOPS.format(div=div)})
+    assert [c for c in _codes(str(tmp_path / "train.py")) if c[0] == "BL103"] == []

@@ -3731,6 +3731,7 @@ class _Runner:
         ev.meta["in_accumulate"] = bool(self.in_acc)
         if self._xfn is not None and self.site is not None:
             # made in a sibling module: reported at the call of this file that leads there
+            ev.meta["xsite"] = self.xsite or self.site
             for n in [node, self._stmt_node] + ev.meta["conds"]:
                 if n is not None:
                     fn = next((g for g in reversed(self._xfns) if id(n) in self.dr.inside(g)), None)

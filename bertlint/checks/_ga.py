@@ -130,12 +130,16 @@ def violations(ctx, code: str, owners: Optional[tuple] = None):
     seen = set()
     for run in dryrun.of(ctx):
         for v, tr in run.violations(code, owners):
-            if (code, v.event.line) in seen:
+            xsite = v.event.meta.get("xsite") if isinstance(getattr(v.event, "meta", None), dict) else None
+            line = v.event.line if xsite is None else ("site", ctx.span(xsite)[0].row)
+            if (code, line) in seen:
                 continue
-            seen.add((code, v.event.line))
+            seen.add((code, line))
             if tr.config:
                 tr = _with_needed_config(run, code, owners, v, tr)
+            ctx.__dict__["_ga_xsite"] = (v.event.node, xsite) if xsite is not None else None
             yield run, v, tr
+        ctx.__dict__["_ga_xsite"] = None
 
 
 def _with_needed_config(run, code: str, owners: Optional[tuple], v, tr):
@@ -311,4 +315,17 @@ def treport(ctx, run, tr, node, message: str, **kw):
         sev = kw.get("severity") or (ctx.current.severity if getattr(ctx, "current", None) is not None else None)
         if sev is not None and Severity(sev) is Severity.ERROR:
             kw["severity"] = Severity.WARNING
+    xs = ctx.__dict__.get("_ga_xsite")
+    if xs is not None and xs[0] is node:
+        # a sibling helper's event reached from another call of this file than the one first seen (two loops
+        # inlining the same helper): anchored at this run's own call
+        hit = (ctx.__dict__.get("foreign_sites") or {}).get(id(node))
+        if hit is not None and hit[0] is node and hit[1] is not xs[1]:
+            from bertlint.analysis.project import where as _where
+
+            where = _where(node, hit[2])
+            if where and where not in message:
+                message = f"{message.rstrip()} (in {where}, reached from the call on this line)"
+            kw.pop("fix", None)
+            return ctx.report(xs[1], message, data=data, **kw)
     return ctx.report(node, message, data=data, **kw)

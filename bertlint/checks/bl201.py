@@ -16,6 +16,7 @@ from bertlint.types import Applicability, Severity
 @rule("BL201", "clip-scaled-gradients", Severity.ERROR,
       "clipping scaled gradients: no scaler.unscale_() before clip_grad_norm_", fix=Applicability.SAFE)
 def check(ctx) -> None:
+    _hook_clipping(ctx)
     reported: set = set()
     for run, v, tr in _ga.violations(ctx, "BL201"):
         clip = v.event
@@ -59,4 +60,33 @@ def check(ctx) -> None:
             f"optimizer step).",
             fix=fix,
             severity=_ga.tsev(clip),  # a clipper known by its name only (``self.clip_grad_fun(parameters=...)``)
+        )
+
+
+def _hook_clipping(ctx) -> None:
+    """Clipping hooks on the parameters (``p.register_hook(lambda g: g.clamp(-c, c))``) with a GradScaler: the
+    hooks run inside the scaled backward, before any ``unscale_`` can (``bertlint/checks/_hookclip.py``)."""
+    if "GradScaler" not in ctx.source:
+        return
+    from bertlint.checks import _hookclip as hc
+
+    sc = hc.torch_scaler(ctx)
+    if sc is None:
+        return
+    scaler_call, scaler = sc
+    w = hc.module_walk(ctx)
+    for node, text, where in hc.installing_calls(ctx):
+        cond = hc.conditional(node, w.parents) or hc.conditional(scaler_call, w.parents)
+        inst = f"`{text.split('(')[0]}(...)`" + (f" (which registers them: {where})" if where else "")
+        ctx.report(
+            node,
+            f"{inst} clips gradients through tensor hooks on the parameters, and this file trains with "
+            f"`{scaler}` (a GradScaler, line {ctx.span(scaler_call)[0].row}){' when both are enabled' if cond else ''}"
+            f": a parameter hook runs inside `backward()`, when autograd computes that parameter's gradient, so "
+            f"under `{scaler}.scale(loss).backward()` it sees the gradient × the loss scale (65 536 at the start; "
+            f"torch.amp in {_ga.fw(ctx, 'torch')}) and no `{scaler}.unscale_()` can come before it: a clamp at ±c "
+            f"bounds the true gradient at ±c / scale, so clipping is far stronger than asked and training stalls "
+            f"whenever it bites. Clip after `{scaler}.unscale_(optimizer)` (`torch.nn.utils.clip_grad_value_`) "
+            f"instead of through hooks when the scaler is on.",
+            severity=Severity.WARNING if cond else None,
         )
