@@ -466,3 +466,50 @@ def test_epoch_tail_silent_with_flush_guard_or_own_optimizer():
     own = _EPOCH_FN.replace("    optimizer.zero_grad()\n    for",
                             "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    for", 1)
     assert codes(own.format(guard="pass", after="pass")) == []
+
+
+_INHERITED = """
+import torch
+from torch import nn
+
+
+class BaseTrainer:
+    def __init__(self, model, accum):
+        self.model = model
+        self.accum = accum
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def backward_micro(self, x, y):
+        loss = nn.functional.mse_loss(self.model(x), y){div}
+        loss.backward()
+
+    def step(self):
+        self.opt.step()
+        self.opt.zero_grad()
+
+
+class Trainer({base}):
+    def fit(self, loader):
+        for i, (x, y) in enumerate(loader):
+            self.backward_micro(x, y)
+            if (i + 1) % self.accum == 0:
+                self.step()
+        self.step()
+"""
+
+
+def test_method_inherited_from_a_same_file_base_class_is_run():
+    """`self.backward_micro(...)` / `self.step()` in a subclass's loop are the base class's methods (this file):
+    the accumulation window they make is followed (the missing / N is reported at the base's backward)."""
+    got = [c for c in codes(_INHERITED.format(div="", base="BaseTrainer")) if c[0] in ("BL103", "BL101", "BL102")]
+    assert got == [("BL103", 14)]
+
+
+def test_inherited_methods_divided_or_unknown_base_stay_silent():
+    """The same loop with the loss divided by N is fine; a class whose base is imported (its methods unknown) keeps
+    the calls unknown: nothing is claimed about a window it cannot see."""
+    assert [c for c in codes(_INHERITED.format(div=" / self.accum", base="BaseTrainer"))
+            if c[0].startswith("BL1")] == []
+    src = _INHERITED.format(div="", base="ImportedTrainer").replace("from torch import nn",
+                                                                   "from torch import nn\nfrom lib import ImportedTrainer")
+    assert [c for c in codes(src) if c[0].startswith("BL1")] == []

@@ -243,7 +243,26 @@ class FileLoops:
             m = self.t.class_methods.get(cls.name.value, {}).get(f.attr.value)
             if m is not None:
                 return m
+            m = self._inherited(cls.name.value, f.attr.value)
+            if m is not None:
+                return m
         return xp.callee(call, func, cls, self) if xp is not None else None
+
+    def _inherited(self, cname: str, meth: str, _depth: int = 0):
+        """``meth`` of a base class of ``cname`` defined in this file (first base first, depth-first, as Python's
+        MRO for single inheritance), when ``cname`` does not define it; None when a base is not of this file."""
+        if _depth > 5:
+            return None
+        for b in self.t.class_bases.get(cname, []):
+            if b not in self.t.classes or b == cname:
+                return None  # an unknown (imported) base may define it first: unknown stays unknown
+            m = self.t.class_methods.get(b, {}).get(meth)
+            if m is not None:
+                return m
+            m = self._inherited(b, meth, _depth + 1)
+            if m is not None:
+                return m
+        return None
 
     _RELEVANT_ATTRS = frozenset({
         "backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_gradients",
