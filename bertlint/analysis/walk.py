@@ -35,6 +35,8 @@ _SKIP_FIELDS = frozenset(
         "rbrace",
         "first_line_whitespace",
         "value_whitespace",
+        # a line's trailing comment and newline (``TrailingWhitespace``: Comment, Newline), a tenth of the nodes
+        "trailing_whitespace",
         # operator and keyword tokens (Add, In, Asynchronous, ...): read through ``node.operator``, never visited
         "operator",
         "asynchronous",
