@@ -168,24 +168,41 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
 def walk(node: cst.CSTNode, visitor: Any) -> None:
     """Visit ``node`` and its descendants with ``visitor``'s ``visit_X``/``leave_X`` methods."""
     vcls = type(visitor)
+    table = _BY_VISITOR.get(vcls)
+    if table is None:
+        table = _BY_VISITOR[vcls] = {}
     _LEAVE = object()
     stack: list[Any] = [node]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    cached = _CACHE.get  # the children lists of this module (``cache_children``), read once per node
     while stack:
-        n = stack.pop()
+        n = pop()
         if n is _LEAVE:
-            done = stack.pop()
-            leave = _dispatch(vcls, type(done))[1]
+            done = pop()
+            leave = table[type(done)][1]
             leave(visitor, done)
             continue
-        visit, leave = _dispatch(vcls, type(n))
+        tp = type(n)
+        d = table.get(tp)
+        if d is None:
+            d = table[tp] = _dispatch(vcls, tp)
+        visit, leave = d
         if visit is not None and visit(visitor, n) is False:
             if leave is not None:
                 leave(visitor, n)
             continue
         if leave is not None:
-            stack.append(n)
-            stack.append(_LEAVE)
-        stack.extend(reversed(children(n)))
+            push(n)
+            push(_LEAVE)
+        kids = cached(id(n))
+        if kids is None:
+            kids = _children(n)
+        if kids:
+            extend(reversed(kids))
+
+
+# visitor class -> node type -> (visit, leave): ``_dispatch``'s answers without building a key per node
+_BY_VISITOR: dict[type, dict[type, tuple[Any, Any]]] = {}
 
 
 def iter_nodes(node: cst.CSTNode):
