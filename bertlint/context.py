@@ -305,6 +305,10 @@ class NodeIndex:
         self._parents = parents
         # every later walk of this module (symbols, evaluation flow, rules) reads these children lists
         walk.cache_children(module, kids_of)
+        t = self.flow_tables
+        if t is not None:  # ``walk.scope_calls`` from the walk's numbers
+            walk.cache_calls(module, t.order.d, t.end.d, t.calls, parents)
+            walk.cache_tables(module, t.order.d, t.end.d, by_type)
 
     def of(self, *types: type) -> list:
         if len(types) == 1 and types[0] in self._by_type:

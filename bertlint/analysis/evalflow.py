@@ -265,7 +265,7 @@ def walk_with_index(root: cst.CSTNode) -> tuple:
     stack: list = [(root, None)]
     leave = _LEAVE
     pop, push = stack.pop, stack.append
-    Call, Name, With, FunctionDef = cst.Call, cst.Name, cst.With, cst.FunctionDef
+    Call, Name, With, FunctionDef, Attribute = cst.Call, cst.Name, cst.With, cst.FunctionDef, cst.Attribute
     loop_t, assign_t, ret_t = _LOOP_T, _ASSIGN_T, _RET_T
     while stack:
         node, scope = pop()
@@ -288,7 +288,20 @@ def walk_with_index(root: cst.CSTNode) -> tuple:
                 names[scope] = [node]
             else:
                 got.append(node)
-        elif tp is Call:
+            # a Name's only field read is its text: no children (``walk._children`` gives [])
+            kids_of[key] = []
+            end[key] = n - 1
+            continue
+        if tp is Attribute:  # its fields read, in order: value, attr (``walk._children``)
+            kids = [node.value, node.attr]
+            kids_of[key] = kids
+            push((node, leave))
+            parent[id(kids[1])] = node
+            push((kids[1], scope))
+            parent[id(kids[0])] = node
+            push((kids[0], scope))
+            continue
+        if tp is Call:
             scope_of[key] = scope
             nm = final(call_name(node))
             if nm:
