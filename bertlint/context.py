@@ -77,9 +77,10 @@ class FileContext:
 
         from bertlint import stmtcache
 
-        self.index
+        index = self.index
+        tables, index.flow_tables = index.flow_tables, None  # made by the index's walk (taken once)
         reuse = stmtcache.for_context(self.filename, self.source)
-        flow = evalflow.EvalFlow(self.module, self.symbols, self.filename, reuse)
+        flow = evalflow.EvalFlow(self.module, self.symbols, self.filename, reuse, tables)
         flow.roles_getter = lambda: self.roles  # asked lazily (a model class whose base is in a sibling module)
         return flow
 
@@ -293,14 +294,21 @@ class NodeIndex:
         statements the last lint of ``filename`` had are taken from there (same tables, merged in order)."""
         from bertlint.analysis import walk
 
+        self.flow_tables = None  # the evaluation flow's walk tables, made by the same walk (``FileContext.evalflow``)
         if reuse is not None and type(module) is cst.Module:
             by_type, parents, kids_of = _merged(module, reuse.pieces("index", filename, module.body, _walk_from))
         else:
-            by_type, parents, kids_of = _walk_from(module)
+            from bertlint.analysis.evalflow import walk_with_index
+
+            by_type, parents, kids_of, self.flow_tables = walk_with_index(module)
         self._by_type = by_type
         self._parents = parents
         # every later walk of this module (symbols, evaluation flow, rules) reads these children lists
         walk.cache_children(module, kids_of)
+        t = self.flow_tables
+        if t is not None:  # ``walk.scope_calls`` from the walk's numbers
+            walk.cache_calls(module, t.order.d, t.end.d, t.calls, parents)
+            walk.cache_tables(module, t.order.d, t.end.d, by_type)
 
     def of(self, *types: type) -> list:
         if len(types) == 1 and types[0] in self._by_type:

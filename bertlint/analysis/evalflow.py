@@ -249,6 +249,92 @@ def _walk(flow: "EvalFlow", root: cst.Module) -> None:
     return n
 
 
+def walk_with_index(root: cst.CSTNode) -> tuple:
+    """``_walk`` of ``root`` fused with ``FileContext.index``'s walk (``bertlint/context.py``): one pass fills both,
+    the same tables in the same order as the two walks one after the other. Returns (nodes by type in pre-order,
+    ``id(node)`` -> parent, ``id(node)`` -> children, the walk tables as a ``_Piece``); the parents dict is the
+    piece's ``parent.d`` (shared, read only)."""
+    from bertlint.analysis.walk import _children as kids_of_node
+
+    p = _Piece()
+    parent, order, end, scope_of = p.parent.d, p.order.d, p.end.d, p.scope.d
+    loops, calls_by_final, assigns, names, returns = p.loops, p.calls_by_final, p.assigns, p.names, p.returns
+    by_type: dict[type, list] = {}
+    kids_of: dict[int, list] = {}
+    n = 0
+    stack: list = [(root, None)]
+    leave = _LEAVE
+    pop, push = stack.pop, stack.append
+    Call, Name, With, FunctionDef, Attribute = cst.Call, cst.Name, cst.With, cst.FunctionDef, cst.Attribute
+    loop_t, assign_t, ret_t = _LOOP_T, _ASSIGN_T, _RET_T
+    while stack:
+        node, scope = pop()
+        if scope is leave:
+            end[id(node)] = n - 1
+            continue
+        key = id(node)
+        order[key] = n
+        n += 1
+        tp = type(node)
+        got = by_type.get(tp)
+        if got is None:
+            by_type[tp] = [node]
+        else:
+            got.append(node)
+        inner = scope
+        if tp is Name:
+            got = names.get(scope)
+            if got is None:
+                names[scope] = [node]
+            else:
+                got.append(node)
+            # a Name's only field read is its text: no children (``walk._children`` gives [])
+            kids_of[key] = []
+            end[key] = n - 1
+            continue
+        if tp is Attribute:  # its fields read, in order: value, attr (``walk._children``)
+            kids = [node.value, node.attr]
+            kids_of[key] = kids
+            push((node, leave))
+            parent[id(kids[1])] = node
+            push((kids[1], scope))
+            parent[id(kids[0])] = node
+            push((kids[0], scope))
+            continue
+        if tp is Call:
+            scope_of[key] = scope
+            nm = final(call_name(node))
+            if nm:
+                calls_by_final.setdefault(nm, []).append(node)
+        elif tp in loop_t:
+            loops.append(node)
+            scope_of[key] = scope
+        elif tp is With:
+            scope_of[key] = scope
+        elif tp in assign_t:
+            scope_of[key] = scope
+            assigns.setdefault(scope, []).append(node)
+        elif tp in ret_t:
+            returns.setdefault(scope, []).append(node)
+        elif tp is FunctionDef:
+            scope_of[key] = scope
+            inner = node
+        kids = kids_of_node(node)
+        kids_of[key] = kids
+        if not kids:  # a leaf ends where it starts (half of the nodes: no leave step)
+            end[key] = n - 1
+            continue
+        push((node, leave))
+        for k in reversed(kids):
+            parent[id(k)] = node
+            push((k, inner))
+    p.calls = list(by_type.get(Call, ()))
+    p.withs = list(by_type.get(With, ()))
+    p.functions = list(by_type.get(FunctionDef, ()))
+    p.count = n
+    return by_type, parent, kids_of, p
+
+
 class _Piece:
     """The walk tables of one top-level statement, numbered from 0 (``_walk_reusing``)."""
 
@@ -340,9 +426,11 @@ _LEAVE = _Leave()
 
 
 class EvalFlow:
-    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "", reuse=None) -> None:
+    def __init__(self, module: cst.Module, symbols: SymbolTable, filename: str = "", reuse=None,
+                 tables: Optional["_Piece"] = None) -> None:
         """``reuse``: the language server's per-statement cache (``bertlint.stmtcache``): the walk tables of the
-        top-level statements the last lint of ``filename`` had are taken from there (same tables)."""
+        top-level statements the last lint of ``filename`` had are taken from there (same tables). ``tables``: the
+        walk tables of the whole ``module`` already made (``walk_with_index``, by ``FileContext.index``)."""
         self.module = module
         self.symbols = symbols
         self.filename = filename
@@ -358,7 +446,12 @@ class EvalFlow:
         self.assigns: dict[Scope, list[cst.CSTNode]] = {}
         self.names: dict[Scope, list[cst.Name]] = {}
         self.returns: dict[Scope, list[cst.CSTNode]] = {}
-        if reuse is None or type(module) is not cst.Module or not _walk_reusing(self, module, reuse, filename):
+        if tables is not None:
+            self.parent, self.order, self.end, self.scope = tables.parent, tables.order, tables.end, tables.scope
+            self.calls, self.loops, self.withs, self.functions = tables.calls, tables.loops, tables.withs, tables.functions
+            self.calls_by_final, self.assigns = tables.calls_by_final, tables.assigns
+            self.names, self.returns = tables.names, tables.returns
+        elif reuse is None or type(module) is not cst.Module or not _walk_reusing(self, module, reuse, filename):
             _walk(self, module)
         self._call_orders = [self.order[c] for c in self.calls]
         self._grad_memo: dict[int, str] = {}

@@ -39,6 +39,7 @@ from bertlint.analysis.symbols import Resolver, SymbolTable, call_name, code_of,
 from bertlint.analysis.walk import SCOPE_TYPES as _SCOPE_TYPES
 from bertlint.analysis.walk import assigned_names as _assigned_names
 from bertlint.analysis.walk import children as iter_children
+from bertlint.analysis.walk import scope_calls
 from bertlint.analysis.walk import scope_nodes as walk
 
 LoopNode = Union[cst.For, cst.While]
@@ -365,7 +366,7 @@ class FileLoops:
         key = id(node)
         if key in self._backward_memo:
             return self._backward_memo[key]
-        calls = [n for n in walk(node) if type(n) is cst.Call]
+        calls = scope_calls(node)
         res = False
         for call in calls:
             if backward_style(call, self, func) is not None:
@@ -626,7 +627,7 @@ def _walk_calls(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def _calls_of(node: cst.CSTNode) -> list[cst.Call]:
-    return [n for n in walk(node) if type(n) is cst.Call]
+    return scope_calls(node)
 
 
 def build(ctx) -> FileLoops:

@@ -809,6 +809,8 @@ class _Builder:
         self.dir = os.path.dirname(os.path.abspath(ctx.filename)) if ctx.filename not in ("-", "<stdin>") else "."
         self.by_call: dict[int, CallSite] = {id(c.call): c for c in self.col.calls}
         self._resolving: set[str] = set()
+        self._trainer_memo: dict[str, Optional[tuple]] = {}  # dotted name -> trainer_class
+        self._args_class_memo: dict[str, bool] = {}  # dotted name -> is_args_class
 
     # ---- naming
     def qual(self, expr: cst.BaseExpression) -> Optional[str]:
@@ -826,7 +828,18 @@ class _Builder:
 
     def trainer_class(self, expr: cst.BaseExpression) -> Optional[tuple[str, Optional[cst.ClassDef]]]:
         """(class name, user subclass or None) when ``expr`` names transformers' Trainer or a subclass of it (a trl
-        trainer, a class of this file, or a class imported from the project whose bases reach one)."""
+        trainer, a class of this file, or a class imported from the project whose bases reach one). A function of
+        ``dotted(expr)`` alone (None when it is None), so asked once per name (``build`` asks it of every call)."""
+        d = dotted(expr)
+        if d is None:
+            return None
+        memo = self._trainer_memo
+        if d in memo:
+            return memo[d]
+        got = memo[d] = self._trainer_class(expr)
+        return got
+
+    def _trainer_class(self, expr: cst.BaseExpression) -> Optional[tuple[str, Optional[cst.ClassDef]]]:
         if self.is_transformers_name(expr, TRAINER_QUALNAMES, {"Trainer", "Seq2SeqTrainer"}):
             return dotted(expr) or "Trainer", None
         d = dotted(expr)
@@ -918,6 +931,18 @@ class _Builder:
         return out
 
     def is_args_class(self, expr: cst.BaseExpression) -> bool:
+        """``expr`` names TrainingArguments or a subclass (of this file, trl's, the project's). A function of
+        ``dotted(expr)`` alone (False when it is None), so asked once per name (``build`` asks it of every call)."""
+        d = dotted(expr)
+        if d is None:
+            return False
+        memo = self._args_class_memo
+        got = memo.get(d)
+        if got is None:
+            got = memo[d] = self._is_args_class(expr)
+        return got
+
+    def _is_args_class(self, expr: cst.BaseExpression) -> bool:
         if self.is_transformers_name(expr, ARGS_QUALNAMES, {"TrainingArguments", "Seq2SeqTrainingArguments"}):
             return True
         d = dotted(expr)

@@ -11,7 +11,8 @@ leave), same contract (``visit_X`` returning False skips the children).
 from __future__ import annotations
 
 import dataclasses
-from operator import attrgetter
+from bisect import bisect_left, bisect_right
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import libcst as cst
@@ -35,6 +36,8 @@ _SKIP_FIELDS = frozenset(
         "rbrace",
         "first_line_whitespace",
         "value_whitespace",
+        # a line's trailing comment and newline (``TrailingWhitespace``: Comment, Newline), a tenth of the nodes
+        "trailing_whitespace",
         # operator and keyword tokens (Add, In, Asynchronous, ...): read through ``node.operator``, never visited
         "operator",
         "asynchronous",
@@ -101,14 +104,58 @@ _CACHED_ROOT: Any = None
 def cache_children(root: cst.CSTNode, kids: dict[int, list]) -> None:
     """Serve ``children`` of the nodes under ``root`` from ``kids`` (``id(node)`` -> children list) until the
     next call. The lists are shared: callers of ``children`` must not mutate what it returns."""
-    global _CACHE, _CACHED_ROOT
-    _CACHED_ROOT, _CACHE = root, kids
+    global _CACHE, _CACHED_ROOT, _CALLS, _TABLES
+    _CACHED_ROOT, _CACHE, _CALLS, _TABLES = root, kids, None, None
 
 
 def release_children() -> None:
     """Forget the cached children (and the module they belong to)."""
-    global _CACHE, _CACHED_ROOT
-    _CACHED_ROOT, _CACHE = None, {}
+    global _CACHE, _CACHED_ROOT, _CALLS, _TABLES
+    _CACHED_ROOT, _CACHE, _CALLS, _TABLES = None, {}, None, None
+
+
+# The calls of the cached module in pre-order with the walk's numbers (``cache_calls``; None: ``scope_calls`` walks).
+_CALLS: Any = None
+
+
+def cache_calls(root: cst.CSTNode, order: dict, end: dict, calls: list, parents: dict) -> None:
+    """Let ``scope_calls`` answer for the nodes of ``root`` (the module ``cache_children`` holds) from one walk's
+    tables: ``id(node)`` -> pre-order number / largest number inside it / parent, and every Call in pre-order."""
+    global _CALLS
+    if root is not _CACHED_ROOT:
+        return
+    _CALLS = (order, end, calls, [order[id(c)] for c in calls], parents, {})
+
+
+def scope_calls(node: cst.CSTNode) -> list:
+    """``[n for n in scope_nodes(node) if type(n) is cst.Call]``: the calls under ``node`` (itself included) in
+    pre-order, those inside a nested def / class / lambda left out. From ``cache_calls``'s tables when ``node`` is
+    in the cached module (the calls numbered inside ``node``, less those whose nearest def / class / lambda is
+    inside it), else by the walk."""
+    got = _CALLS
+    o = got[0].get(id(node)) if got is not None else None
+    if o is None:
+        return [n for n in scope_nodes(node) if type(n) is cst.Call]
+    order, end, calls, nums, parents, nearest = got
+    lo = bisect_left(nums, o)
+    hi = bisect_right(nums, end[id(node)])
+    out = []
+    scopes = SCOPE_TYPES
+    for c in calls[lo:hi]:
+        k = id(c)
+        s = nearest.get(k, _NONE)
+        if s is _NONE:
+            s = parents.get(k)
+            while s is not None and type(s) not in scopes:
+                s = parents.get(id(s))
+            nearest[k] = s
+        # kept unless its nearest def / class / lambda is a strict descendant of ``node``
+        if s is None or s is node or order[id(s)] < o:
+            out.append(c)
+    return out
+
+
+_NONE = object()
 
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -166,24 +213,104 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
 def walk(node: cst.CSTNode, visitor: Any) -> None:
     """Visit ``node`` and its descendants with ``visitor``'s ``visit_X``/``leave_X`` methods."""
     vcls = type(visitor)
+    table = _BY_VISITOR.get(vcls)
+    if table is None:
+        table = _BY_VISITOR[vcls] = {}
+    got = _TABLES
+    if got is not None:
+        o = got[0].get(id(node))
+        if o is not None and got[1][id(node)] - o >= _TABLE_WALK_MIN:
+            _walk_tables(node, visitor, vcls, table, o, got)
+            return
     _LEAVE = object()
     stack: list[Any] = [node]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    cached = _CACHE.get  # the children lists of this module (``cache_children``), read once per node
     while stack:
-        n = stack.pop()
+        n = pop()
         if n is _LEAVE:
-            done = stack.pop()
-            leave = _dispatch(vcls, type(done))[1]
+            done = pop()
+            leave = table[type(done)][1]
             leave(visitor, done)
             continue
-        visit, leave = _dispatch(vcls, type(n))
+        tp = type(n)
+        d = table.get(tp)
+        if d is None:
+            d = table[tp] = _dispatch(vcls, tp)
+        visit, leave = d
         if visit is not None and visit(visitor, n) is False:
             if leave is not None:
                 leave(visitor, n)
             continue
         if leave is not None:
-            stack.append(n)
-            stack.append(_LEAVE)
-        stack.extend(reversed(children(n)))
+            push(n)
+            push(_LEAVE)
+        kids = cached(id(n))
+        if kids is None:
+            kids = _children(n)
+        if kids:
+            extend(reversed(kids))
+
+
+# visitor class -> node type -> (visit, leave): ``_dispatch``'s answers without building a key per node
+_BY_VISITOR: dict[type, dict[type, tuple[Any, Any]]] = {}
+
+# (``id(node)`` -> pre-order number, -> largest number inside it, nodes by type in pre-order, type -> their numbers)
+# of the cached module (``cache_tables``), or None
+_TABLES: Any = None
+_TABLE_WALK_MIN = 64  # a subtree of fewer nodes is walked (the tables cost a few lookups per node type)
+
+
+def cache_tables(root: cst.CSTNode, order: dict, end: dict, by_type: dict) -> None:
+    """Let ``walk`` visit a large subtree of ``root`` (the module ``cache_children`` holds) from one walk's tables
+    instead of walking it: the nodes of the types the visitor handles, in pre-order, with each ``leave_X`` called
+    before the first later node outside that node, as the walk calls them."""
+    global _TABLES
+    if root is _CACHED_ROOT:
+        _TABLES = (order, end, by_type, {})
+
+
+def _walk_tables(node, visitor, vcls, table, o: int, tables) -> None:
+    order, end, by_type, nums_of = tables
+    e = end[id(node)]
+    parts = []
+    for tp, nodes in by_type.items():
+        d = table.get(tp)
+        if d is None:
+            d = table[tp] = _dispatch(vcls, tp)
+        if d[0] is None and d[1] is None:
+            continue
+        nums = nums_of.get(tp)
+        if nums is None:
+            nums = nums_of[tp] = [order[id(n)] for n in nodes]
+        lo = bisect_left(nums, o)
+        hi = bisect_right(nums, e)
+        if lo < hi:
+            parts.append((nums[lo:hi], nodes[lo:hi], d))
+    seq = [(k, n, d) for nums, nodes, d in parts for k, n in zip(nums, nodes)]
+    if len(parts) > 1:
+        seq.sort(key=_FIRST)  # pre-order numbers are distinct: the sort never compares nodes
+    pending: list = []  # (largest number inside, node, leave) of the visited nodes not left yet, innermost last
+    skip = -1  # a visit returned False: the nodes numbered up to ``skip`` are not visited
+    for k, n, (visit, leave) in seq:
+        while pending and pending[-1][0] < k:
+            _, m, lv = pending.pop()
+            lv(visitor, m)
+        if k <= skip:
+            continue
+        if visit is not None and visit(visitor, n) is False:
+            if leave is not None:
+                leave(visitor, n)
+            skip = end[id(n)]
+            continue
+        if leave is not None:
+            pending.append((end[id(n)], n, leave))
+    while pending:
+        _, m, lv = pending.pop()
+        lv(visitor, m)
+
+
+_FIRST = itemgetter(0)
 
 
 def iter_nodes(node: cst.CSTNode):

@@ -53,9 +53,11 @@ _GRAD_USE = {"requires_grad_", "retain_grad", "register_hook", "attribute", "jac
              "hvp", "vhp", "grad"}
 
 
-def _uses_gradients(flow, loop) -> bool:
+def _uses_gradients(flow, loop, source: str) -> bool:
     """The loop wants gradients without a visible backward: inputs made to require grad (saliency), Captum's
-    ``attribute``, ``torch.autograd.functional``, hooks on tensors."""
+    ``attribute``, ``torch.autograd.functional``, hooks on tensors. ``source``: the file's text (the loop's code
+    is made only when the text holds ``requires_grad = True`` / ``requires_grad=True`` at all: libcst writes a
+    node's lines back as they are, less the outer indentation, so its code holds a phrase only if the text does)."""
     for c in flow.calls_in(loop):
         func = c.func
         name = func.attr.value if isinstance(func, cst.Attribute) else (func.value if isinstance(func, cst.Name)
@@ -64,6 +66,8 @@ def _uses_gradients(flow, loop) -> bool:
             if name == "requires_grad_" and c.args and literal(c.args[0].value) is False:
                 continue
             return True
+    if "requires_grad = True" not in source and "requires_grad=True" not in source:
+        return False
     code = flow.module.code_for_node(loop)
     return "requires_grad = True" in code or "requires_grad=True" in code
 
@@ -239,7 +243,7 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
     """Forwards outside any loop in a function that puts the model in eval mode first and trains nothing
     (``sample_images()``: ``G.eval()`` then ``fake = G(real)``): one report per function, at the first such forward.
     Not in a pytest test function (``_pytest_test``)."""
-    if flow.framework_owned(scope) or _uses_gradients(flow, scope) or _pytest_test(ctx, flow, scope):
+    if flow.framework_owned(scope) or _uses_gradients(flow, scope, ctx.source) or _pytest_test(ctx, flow, scope):
         return
     trains = flow.has_backward(scope) or flow.passes_optimizer(scope)
     for fwd in fwds:
@@ -321,7 +325,7 @@ def check(ctx) -> None:
             site = flow.evaluation_call(loop)
             if site is None:
                 continue
-        if _uses_gradients(flow, loop) or flow.passes_optimizer(loop) and site is None:
+        if _uses_gradients(flow, loop, ctx.source) or flow.passes_optimizer(loop) and site is None:
             continue
         receivers = {flow.forward_receiver_of(c) or "" for c in fwds}
         if any(frozen(flow, r) for r in receivers if r):
