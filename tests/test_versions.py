@@ -18,7 +18,7 @@ def _resolve(path: Path, settings=None, use_installed=True):
 
 
 def _repo(tmp_path: Path) -> Path:
-    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git").mkdir(parents=True)
     return tmp_path
 
 
@@ -221,3 +221,76 @@ def test_pin_files_of_one_folder_that_disagree(tmp_path):
     assert V.reaching(tv, lambda t: t.at_least("6.0.0")) is None
     assert getattr(V.severity_for("E", tv), "value", None) == "W"
     assert vs.accelerate.disagrees is None  # 1.2.1 satisfies >=1.0: no disagreement
+
+
+# --------------------------------------------------------------------------- a project that builds the package itself
+
+
+_FORK_SETUP = '''from setuptools import find_packages, setup
+
+_deps = ["tokenizers>=0.10.1", "torch>=1.0", "deepspeed>=0.4.0"]
+
+setup(
+    name="transformers",
+    version="4.9.0.dev0",  # expected format is x.y.z.dev0
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    install_requires=_deps,
+)
+'''
+
+_TRAINER_SCRIPT = '''from transformers import Trainer, TrainingArguments
+
+args = TrainingArguments("out", evaluation_strategy="epoch", gradient_accumulation_steps=4)
+trainer = Trainer(model=model, args=args, train_dataset=ds, tokenizer=tok)
+trainer.train()
+'''
+
+
+def test_a_fork_of_the_package_is_the_version_its_scripts_run_on(tmp_path):
+    # a research fork of transformers (its own setup.py builds "transformers" 4.9.0.dev0 from src/) with its
+    # example scripts beside it: they run on the fork, not on whatever is installed beside bertlint
+    root = _repo(tmp_path)
+    (root / "setup.py").write_text(_FORK_SETUP)
+    (root / "examples").mkdir()
+    vs = _resolve(root / "examples" / "run.py")
+    tv = vs.transformers
+    assert (tv.text, tv.exact, tv.assumed) == ("4.9.0", True, False)
+    assert tv.source == "the project builds transformers itself: setup.py:7"
+    assert vs.torch.source == "newest release allowed by `torch>=1.0` in setup.py:3"  # its dependencies still pin
+
+
+def test_fork_silences_keywords_removed_only_later(tmp_path):
+    from bertlint import api
+
+    root = _repo(tmp_path)
+    (root / "setup.py").write_text(_FORK_SETUP)
+    (root / "examples").mkdir()
+    script = root / "examples" / "run.py"
+    script.write_text(_TRAINER_SCRIPT)
+    V.pins_near.cache_clear()
+    codes = [d.code for d in api.lint_path(str(script))]
+    assert "BL407" not in codes  # evaluation_strategy / tokenizer= exist in 4.9
+    # the same script in a project that only depends on transformers: the removed keywords are reported
+    other = _repo(tmp_path / "plain")
+    (other / "requirements.txt").write_text("transformers==5.2.0\n")
+    s2 = other / "run.py"
+    s2.write_text(_TRAINER_SCRIPT)
+    V.pins_near.cache_clear()
+    assert "BL407" in [d.code for d in api.lint_path(str(s2))]
+
+
+def test_a_project_that_only_names_the_package_or_builds_something_else_is_not_a_fork(tmp_path):
+    root = _repo(tmp_path)
+    (root / "setup.py").write_text('setup(\n    name="my-trainer",\n    version="0.1.0",\n'
+                                   '    install_requires=["transformers==4.46.3"],\n)\n')
+    tv = _resolve(root / "train.py", use_installed=False).transformers
+    assert tv.source == "pinned in setup.py:4"
+    other = _repo(tmp_path / "dyn")
+    (other / "pyproject.toml").write_text('[project]\nname = "transformers"\ndynamic = ["version"]\n')
+    tv = _resolve(other / "train.py", use_installed=False).transformers
+    assert tv.source == "assumed current release"  # the version is read at build time: not known here
+    pp = _repo(tmp_path / "pp")
+    (pp / "pyproject.toml").write_text('[project]\nname = "accelerate"\nversion = "0.20.3"\n\n[tool.x]\nname = "y"\n')
+    tv = _resolve(pp / "train.py", use_installed=False).accelerate
+    assert (tv.text, tv.source) == ("0.20.3", "the project builds accelerate itself: pyproject.toml:3")

@@ -511,6 +511,52 @@ def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
         p = os.path.join(directory, n)
         if os.path.isfile(p):
             merge(_scan_environment(p, n))
+    for k, v in _scan_self(directory).items():
+        out[k] = v  # the project is the package (a fork): its own version, whatever else the folder asks for
+    return out
+
+
+_SETUP_NAME = re.compile(r"""^\s*name\s*=\s*["']([A-Za-z0-9_.\-]+)["']\s*,?\s*(?:#.*)?$""", re.M)
+_SETUP_VERSION = re.compile(r"""^\s*version\s*=\s*["']([0-9][0-9A-Za-z.+!_-]*)["']\s*,?\s*(?:#.*)?$""", re.M)
+
+
+def _scan_self(directory: str) -> dict[str, TargetVersion]:
+    """A folder whose own ``setup.py`` / ``pyproject.toml`` builds one of the packages (``setup(name="transformers",
+    version="4.9.0.dev0", package_dir={"": "src"})``: a research fork of transformers with its scripts beside it):
+    the scripts of that project run against the fork (installed from it), so its version is theirs. The version is
+    the one the file states (a literal ``version=`` in ``setup()`` or ``[project]``); a name without a literal
+    version (read from a file at build time) gives nothing."""
+    out: dict[str, TargetVersion] = {}
+    for n in ("setup.py", "pyproject.toml"):
+        path = os.path.join(directory, n)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if n == "pyproject.toml":
+            m = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+            if m is None:
+                continue
+            body, offset = m.group(1), m.start(1)
+        else:
+            body, offset = text, 0
+        names = _SETUP_NAME.findall(body)
+        if len(set(names)) != 1:
+            continue  # no name, or several (a setup.py building more than one thing): not read
+        pkg = _ALIASES.get(names[0].lower())
+        if pkg is None or pkg in out:
+            continue
+        vm = _SETUP_VERSION.search(body)
+        where = None
+        version = None
+        if vm is not None:
+            version = parse_version(vm.group(1))
+            where = f"{n}:{text.count(chr(10), 0, offset + vm.start(1)) + 1}"
+        if version:
+            out[pkg] = TargetVersion(pkg, version, f"the project builds {names[0]} itself: {where}")
     return out
 
 
