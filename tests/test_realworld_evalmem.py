@@ -582,3 +582,69 @@ def test_tiles_collected_in_a_diffusers_model_method_are_the_models_computation(
     assert found(src) == []
     # the same class on a base that is not known to be a module: its loops are judged as before
     assert found(src.replace("from diffusers.models.modeling_utils import ModelMixin", "from mylib import ModelMixin"))
+
+
+def test_unittest_cases_and_their_tester_helpers_are_test_code():
+    # the transformers-style model test module: a tester helper builds the model, puts it in eval mode and checks the
+    # output shapes of forwards with autograd on; a unittest.TestCase uses it. Test code, not an evaluation.
+    src = """
+        import unittest
+        import torch
+        from mylib import TinyConfig, TinyModel
+
+        class TinyModelTester:
+            def __init__(self, parent):
+                self.parent = parent
+
+            def create_and_check_model(self, config, input_ids):
+                model = TinyModel(config)
+                model.eval()
+                result = model(input_ids)
+                self.parent.assertEqual(result.shape[0], 2)
+
+        class ForwardChecker:
+            def check(self, model, x):
+                model.eval()
+                out = model(x)
+                print(out.shape)
+
+        class TinyModelTest(unittest.TestCase):
+            def setUp(self):
+                self.model_tester = TinyModelTester(self)
+                self.checker = ForwardChecker()
+
+            def test_model(self):
+                self.model_tester.create_and_check_model(TinyConfig(), torch.ones(2, 4, dtype=torch.long))
+
+        class CommonModelChecks:
+            def forward_once(self, model, x):
+                model.eval()
+                out = model(x)
+                print(out.shape)
+    """
+    diags = lint_text(textwrap.dedent(src), "test_modeling_tiny.py", Settings())
+    # the tester (its name, and the test case uses it) and the checker (the test case uses it) are silent; a class
+    # of the module no test uses is judged as before
+    assert [(d.code, d.start.row) for d in diags if d.code in CODES] == [("BL502", 33)]
+    # outside a test module every one of them is reported
+    assert [r for _c, r in found(src)] == [13, 19, 33]
+
+
+def test_a_test_helpers_loop_of_forwards_is_test_code():
+    # batched output against one sample at a time: a loop of eval-mode forwards in a tester helper
+    src = """
+        import torch
+        from mylib import TinyModel
+
+        class TinyModelTester:
+            def check_batching(self, config, inputs):
+                model = TinyModel(config)
+                model.eval()
+                batched = model(inputs)
+                for i in range(inputs.shape[0]):
+                    single = model(inputs[i : i + 1])
+                    assert torch.allclose(single, batched[i : i + 1], atol=1e-3)
+    """
+    diags = lint_text(textwrap.dedent(src), "test_modeling_tiny.py", Settings())
+    assert [d.code for d in diags if d.code in CODES] == []
+    assert [c for c, _r in found(src)] == ["BL502", "BL502"]  # in a script: the single forward and the loop
