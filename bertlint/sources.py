@@ -493,14 +493,27 @@ _CONFIG_HINT = re.compile(
 )
 
 
+# A JSON template that a launcher script fills in before the run (``"train_batch_size": CONFIG_BATCH_SIZE`` replaced
+# by ``sed``, ``{{ micro_batch }}`` by a template engine): a value that is a bare name (not true / false / null /
+# NaN / Infinity) or a ``{{ }}`` placeholder. No JSON parser reads it as it is, and it is no configuration yet.
+_JSON_PLACEHOLDER = re.compile(r"\"\s*:\s*(?:(?!(?:true|false|null|NaN|Infinity)\b)[A-Za-z_][A-Za-z0-9_]*\s*[,}\]\n]"
+                               r"|\{\{)")
+
+
 def looks_like_training_config(path: str) -> bool:
+    """A JSON / YAML file found in a folder is linted when it names a DeepSpeed or accelerate key (as a key), unless
+    it is a JSON template with placeholder values (``_JSON_PLACEHOLDER``: the script that fills it in is linted)."""
     try:
         with open(path, "rb") as f:
             head = f.read(65536)
     except OSError:
         return False
     text = head.decode("utf-8", "replace")
-    return bool(_CONFIG_HINT.search(text)) and '"log_history"' not in text
+    if not _CONFIG_HINT.search(text) or '"log_history"' in text:
+        return False
+    if path.lower().endswith(".json") and _JSON_PLACEHOLDER.search(text):
+        return False
+    return True
 
 
 def discover(

@@ -264,6 +264,24 @@ def test_launch_json_passing_training_flags_is_not_a_config(tmp_path):
     assert found == ["accelerate.yaml", "ds.json"]
 
 
+def test_json_template_filled_in_by_a_launcher_is_not_a_config(tmp_path):
+    """A DeepSpeed JSON template whose values are placeholders a launcher script substitutes (``sed
+    s/CONFIG_BATCH_SIZE/...``, ``{{ micro }}``) is not JSON yet: not discovered in a folder (no BL001 error for it),
+    while the real config beside it is, and a template named on the command line is still read (and reported)."""
+    (tmp_path / "ds_config_TEMPLATE.json").write_text(
+        '{\n  "train_batch_size" : CONFIG_BATCH_SIZE,\n  "train_micro_batch_size_per_gpu": CONFIG_MBSIZE,\n'
+        '  "zero_optimization": {\n    "stage": ZERO_STAGE\n  },\n  "fp16": {"enabled": true}\n}\n')
+    (tmp_path / "ds_jinja.json").write_text('{"train_micro_batch_size_per_gpu": {{ micro }}, "steps_per_print": 10}\n')
+    (tmp_path / "ds.json").write_text(
+        '{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "wall_clock_breakdown": false,\n'
+        ' "fp16": {"enabled": true, "loss_scale": 0}, "zero_optimization": {"stage": null}}\n')
+    (tmp_path / "broken.json").write_text('{"train_batch_size": 32,, "gradient_clipping": 1.0}\n')
+    found = [os.path.relpath(p, tmp_path) for p, _ in discover([str(tmp_path)])]
+    assert found == ["broken.json", "ds.json"]  # a plain syntax error is still reported: only placeholders skip
+    named = [p for p, _ in discover([str(tmp_path / "ds_config_TEMPLATE.json")])]
+    assert named == [str(tmp_path / "ds_config_TEMPLATE.json")]
+
+
 def test_notebook_line_that_only_looks_like_a_magic():
     text = nb(("code", "import torch\ntotal = (a\n         % b)\n!ls\n"), ("code", "y = (\n"))
     d = lint_text(text, "nb.ipynb", S)
