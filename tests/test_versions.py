@@ -294,3 +294,15 @@ def test_a_project_that_only_names_the_package_or_builds_something_else_is_not_a
     (pp / "pyproject.toml").write_text('[project]\nname = "accelerate"\nversion = "0.20.3"\n\n[tool.x]\nname = "y"\n')
     tv = _resolve(pp / "train.py", use_installed=False).accelerate
     assert (tv.text, tv.source) == ("0.20.3", "the project builds accelerate itself: pyproject.toml:3")
+
+
+def test_a_singular_requirement_txt_is_a_pin_file(tmp_path):
+    # setup.py reads install_requires from `requirement.txt` (the singular spelling): its pins are the project's
+    root = _repo(tmp_path)
+    (root / "requirement.txt").write_text("peft==0.7.1\ntransformers==4.36.2\n")
+    (root / "setup.py").write_text("from setuptools import setup\nsetup(name='less', version='0.1')\n")
+    (root / "less" / "train").mkdir(parents=True)
+    tv = _resolve(root / "less" / "train" / "train.py", use_installed=False).transformers
+    assert (tv.text, tv.source) == ("4.36.2", "pinned in requirement.txt:2")
+    assert V._is_pin_file("requirement.txt") and V._is_pin_file("requirements-dev.in")
+    assert not V._is_pin_file("my_requirements.txt")

@@ -3,7 +3,7 @@
 Order of precedence, per package:
 
 1. ``[tool.bertlint] target-versions`` (``ctx.settings.target_versions``);
-2. a pin near the script: ``requirements*.txt``, ``pyproject.toml`` dependencies, ``setup.cfg`` ``install_requires``,
+2. a pin near the script: ``requirements*.txt`` (or ``requirement*.txt``), ``pyproject.toml`` dependencies, ``setup.cfg`` ``install_requires``,
    ``setup.py`` requirement strings, ``environment.yml`` — searched from the script's folder upward to the repository root (the nearest file that
    names the package wins);
 3. the installed distribution (``importlib.metadata``; never an import of the package);
@@ -501,7 +501,7 @@ def _pins_in_dir(directory: str) -> dict[str, TargetVersion]:
 
     for n in names:
         p = os.path.join(directory, n)
-        if n.startswith("requirements") and n.endswith((".txt", ".in")) and os.path.isfile(p):
+        if n.startswith("requirement") and n.endswith((".txt", ".in")) and os.path.isfile(p):
             merge(_scan_requirements(p, n))
     for n in ("pyproject.toml", "setup.cfg", "setup.py"):
         p = os.path.join(directory, n)
@@ -573,7 +573,7 @@ def _replace(tv: TargetVersion, **changes) -> TargetVersion:
 
 
 def _is_pin_file(name: str) -> bool:
-    return (name.startswith("requirements") and name.endswith((".txt", ".in"))) or name in (
+    return (name.startswith("requirement") and name.endswith((".txt", ".in"))) or name in (
         "pyproject.toml", "setup.cfg", "setup.py", "environment.yml", "environment.yaml")
 
 
