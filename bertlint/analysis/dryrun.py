@@ -3372,6 +3372,8 @@ class _Runner:
                         "named_parameters", "state_dict", "load_state_dict", "wait_for_everyone", "gather",
                         "reduce", "print", "is_main_process", "set_to_none", "numel", "size", "dim", "unwrap_model"):
                 return UNK
+            if recv == "self" or (recv or "").startswith("self."):
+                self._unknown_grad_helper(call, frame, divided=True)  # a callable kept on the object
             return self._handed_n(call, argv)
         return UNK
 
@@ -3401,12 +3403,19 @@ class _Runner:
                     return name
         return None
 
-    def _unknown_grad_helper(self, call, frame) -> None:
+    def _unknown_grad_helper(self, call, frame, divided: bool = False) -> None:
         """A function of another package or module of the project handed the model or its parameters
         (``training.scale_grads(model, 1 / num_tokens)``) may rescale the gradients: the trace records a rescale of
-        unknown value (the window's loss weights then prove nothing)."""
+        unknown value (the window's loss weights then prove nothing). ``divided``: only when another argument is a
+        quotient too (a callable the run cannot resolve, ``self._grad_scaler(list(model.parameters()), world /
+        num_tokens)``: the factor it is handed)."""
+        if divided and not any(type(a.value) is cst.BinaryOperation and type(a.value.operator) is cst.Divide
+                               for a in call.args):
+            return
         for a in call.args:
             v = a.value
+            if type(v) is cst.Call and type(v.func) is cst.Name and v.func.value in ("list", "tuple") and v.args:
+                v = v.args[0].value  # ``list(model.parameters())``
             if isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
                     v.func.attr.value in ("parameters", "named_parameters"):
                 hit = True

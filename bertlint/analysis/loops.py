@@ -291,6 +291,9 @@ class FileLoops:
                 tp is cst.AugAssign and type(n.operator) is cst.DivideAssign
             ):
                 res = True  # a loss division the rules need to see
+            elif tp is cst.AugAssign and type(n.target) is cst.Attribute and n.target.attr.value in ("grad", "data") \
+                    and "grad" in (dotted(n.target) or ""):
+                res = True  # ``p.grad *= scaler``: a gradient rescale (``scale_grads(model, 1 / num_tokens)``)
         for c in calls:
             if res:
                 break
