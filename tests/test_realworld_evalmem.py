@@ -648,3 +648,56 @@ def test_a_test_helpers_loop_of_forwards_is_test_code():
     diags = lint_text(textwrap.dedent(src), "test_modeling_tiny.py", Settings())
     assert [d.code for d in diags if d.code in CODES] == []
     assert [c for c, _r in found(src)] == ["BL502", "BL502"]  # in a script: the single forward and the loop
+
+
+def test_a_numerics_test_keeping_its_losses_is_test_code():
+    # a unittest case trains a few steps and keeps the loss tensors to compare two implementations
+    src = """
+        import unittest
+        import torch
+
+        class TestNumerics(unittest.TestCase):
+            def run_steps(self, model, inputs, labels, steps=5):
+                optim = torch.optim.SGD(model.parameters(), lr=1e-3)
+                losses = []
+                for _ in range(steps):
+                    optim.zero_grad()
+                    loss = torch.nn.functional.mse_loss(model(inputs), labels)
+                    loss.backward()
+                    optim.step()
+                    losses.append(loss)
+                return losses
+
+            def test_same_losses(self):
+                a = self.run_steps(torch.nn.Linear(4, 4), torch.randn(2, 4), torch.randn(2, 4))
+                b = self.run_steps(torch.nn.Linear(4, 4), torch.randn(2, 4), torch.randn(2, 4))
+                self.assertEqual(len(a), len(b))
+    """
+    diags = lint_text(textwrap.dedent(src), "test_numerics.py", Settings())
+    assert [d.code for d in diags if d.code in CODES] == []
+    assert [c for c, _r in found(src)] == ["BL501"]  # the same loop outside a test module keeps the graphs
+
+
+def test_a_getter_named_like_a_model_is_no_forward():
+    # an inference server collects messages; `model_message()` / `model_dump()` are methods of plain objects
+    src = """
+        import torch
+
+        def serve(requests, controller):
+            msgs = []
+            dumps = []
+            for req in requests:
+                completion = controller.record(req)
+                msgs.append(completion.model_message())
+                dumps.append(req.model_dump())
+            print(len(msgs), len(dumps))
+
+        def evaluate(loader, net):
+            net.eval()
+            outs = []
+            for x in loader:
+                outs.append(net.model(x))
+            print(len(outs))
+    """
+    # the getters are silent; a model attribute called with an input is still a forward
+    assert [c for c, _r in found(src)] == ["BL501", "BL502"]

@@ -26,6 +26,7 @@ import libcst as cst
 from bertlint.analysis.evalflow import (ENABLED, eval_reason, final, forward_receiver, frozen, names_in,
                                         target_names)
 from bertlint.analysis.symbols import dotted
+from bertlint.checks._testcode import pytest_test
 from bertlint.registry import rule
 from bertlint.types import Applicability, Severity
 
@@ -262,6 +263,8 @@ def check(ctx) -> None:
         scope = flow.scope_of(loop)
         if flow.framework_owned(scope) and scope is not None and scope.name.value != "training_step":
             continue
+        if scope is not None and pytest_test(ctx, flow, scope):
+            continue  # a test keeping its losses to compare them: no training run's memory
         env: dict[str, bool] = {}
         training: list = [None]  # computed once per loop, on demand
         backwarded = flow.backwarded_names(loop)  # usage: what the loop calls backward on carries a graph
