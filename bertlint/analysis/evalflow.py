@@ -964,7 +964,29 @@ class EvalFlow:
         if head in self.symbols.imports and head != "self":
             return False
         scope = self.scope_of(call)
-        return self.is_model_name(d, scope) or self._evaled(d)
+        if self._evaled(d):
+            return True
+        if not self.is_model_name(d, scope):
+            return False
+        if not call.args and "." in d and not self._built_as_model(d, scope):
+            # ``completion.model_message()``, ``request.model_dump()``: a method named like a model, called with no
+            # input, of an object nothing shows to be a model: a getter, not a forward (a network's forward takes its
+            # inputs)
+            return False
+        return True
+
+    def _built_as_model(self, name: str, scope: Scope) -> bool:
+        """Some assignment of ``name`` (in ``scope``, the class's ``__init__`` for ``self.x``, or at module level)
+        builds a model (``model_value``): known as one by what it is, not by its name alone."""
+        assigns = self.symbols.assignments_of(name, scope)
+        if not assigns and scope is not None and name.startswith("self."):
+            cls = self.symbols.method_class.get(id(scope))
+            if cls is not None:
+                assigns = [a for a in self.symbols.assignments.get(name, [])
+                           if a.func is not None and self.symbols.method_class.get(id(a.func)) is cls]
+        if not assigns and scope is not None:
+            assigns = [a for a in self.symbols.assignments.get(name, []) if a.func is None]
+        return any(self.model_value(a.value, a.func) is True for a in assigns)
 
     def _method_forward(self, call: cst.Call, depth: int = 0) -> Optional[cst.Call]:
         """``self.infer(x)`` where the enclosing class's one ``infer`` method returns a forward on every path
