@@ -205,3 +205,18 @@ def test_handed_in_accelerator_names_the_reset_not_a_missing_setting():
 
 def test_handed_in_accelerator_is_silent_before_accelerate_0_18():
     assert found(HANDED_IN, target_versions={"accelerate": "0.17.0"}) == []
+
+
+def test_handed_in_accelerator_reset_in_the_trainers_init_is_certain():
+    # Trainer.__init__ stores the handed-in accelerator, then builds Bar(), whose __init__ builds Accelerator():
+    # the plain one is built after the configured one, whatever the caller configured
+    ds = diags(HANDED_IN, target_versions={"accelerate": "1.16.0"})
+    assert [(d.code, d.start.row, d.severity.value) for d in ds] == [("BL109", 22, "E")]
+    assert "builds it in `Trainer.__init__` (line 17)" in ds[0].message
+
+
+def test_handed_in_accelerator_with_the_helper_built_elsewhere_stays_conditional():
+    src = HANDED_IN.replace("            self.bar = Bar()\n", "")
+    ds = diags(src, target_versions={"accelerate": "1.16.0"})
+    assert [(d.code, d.start.row, d.severity.value) for d in ds] == [("BL109", 21, "W")]
+    assert "when it is built after" in ds[0].message

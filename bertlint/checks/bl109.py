@@ -91,19 +91,28 @@ def check(ctx) -> None:
                 if foreign is not None:
                     # the accumulate() receiver is an Accelerator handed in; the file's own Accelerator() is another
                     # object (a progress bar's, a logger's): what it does is reset the shared setting when built
-                    recv, plain, owner = foreign
-                    _ga.treport(
-                        ctx, run, traces[0], call,
-                        f"`accumulate()` runs on `{recv}`, an Accelerator this file does not build (it is handed "
-                        f"in); the file's own `{' '.join(code_of(plain).split())[:50]}` (line "
-                        f"{ctx.span(plain)[0].row}{', in `' + owner + '`' if owner else ''}) sets no accumulation, "
-                        f"and building it resets accelerate's process-wide `GradientState` to "
-                        f"gradient_accumulation_steps = 1 (accelerate >= 0.18; {_ga.fw(ctx, 'accelerate')}): when it "
-                        f"is built after the Accelerator that drives this loop, `accumulate()` syncs and steps on "
-                        f"every micro-batch and `accelerator.backward` divides by 1 (N = 1), whatever that one was "
-                        f"configured with. Build helpers on `PartialState()` or hand them the existing accelerator.",
-                        severity=Severity.WARNING,
-                    )
+                    from bertlint.analysis.versions import severity_for
+
+                    recv, plain, owner, site = foreign
+                    head = (f"`accumulate()` runs on `{recv}`, an Accelerator this file does not build (it is handed "
+                            f"in); the file's own `{' '.join(code_of(plain).split())[:50]}` (line "
+                            f"{ctx.span(plain)[0].row}{', in `' + owner + '`' if owner else ''}) sets no "
+                            f"accumulation, and building it resets accelerate's process-wide `GradientState` to "
+                            f"gradient_accumulation_steps = 1 (accelerate >= 0.18; {_ga.fw(ctx, 'accelerate')})")
+                    if site is not None:
+                        msg = (head + f". `{' '.join(code_of(site[0]).split())[:50]}` builds it in `{site[1]}` "
+                               f"(line {ctx.span(site[0])[0].row}), after `{recv}` was handed in, so the Accelerator "
+                               f"driving this loop has N = 1 whatever it was configured with: `accumulate()` syncs "
+                               f"and steps on every micro-batch and `accelerator.backward` divides by 1. Build "
+                               f"helpers on `PartialState()` or hand them the existing accelerator.")
+                        sev = severity_for(Severity.ERROR, ctx.versions.accelerate)
+                    else:
+                        msg = (head + ": when it is built after the Accelerator that drives this loop, "
+                               "`accumulate()` syncs and steps on every micro-batch and `accelerator.backward` divides "
+                               "by 1 (N = 1), whatever that one was configured with. Build helpers on `PartialState()` "
+                               "or hand them the existing accelerator.")
+                        sev = Severity.WARNING
+                    _ga.treport(ctx, run, traces[0], call, msg, severity=sev)
                     continue
                 _ga.treport(
                     ctx, run, traces[0], call,
@@ -214,13 +223,28 @@ def _foreign_receiver(ctx, f, call):
             return None  # (nothing in the receiver's class says where it comes from)
     else:
         return None  # a plain name: its binding may be any of the file's Accelerator() calls
-    plain = f.accelerator_calls[0]
+    plains = [c for c in f.accelerator_calls if _plain_accelerator(c)]
+    if not plains:
+        return None
+    plain = plains[0]
     fn = scope(plain)
     owner = None
+    site = None
     if fn is not None:
         k = klass(fn)
         owner = f"{k.name.value}.{fn.name.value}" if k is not None else fn.name.value
-    return recv, plain, owner
+        # the receiver's own class builds that object (or calls that function) in its __init__, after the
+        # receiver was stored from a parameter: the handed-in Accelerator exists before, so the plain one comes after
+        target = k.name.value if k is not None and fn.name.value == "__init__" else (
+            fn.name.value if k is None else None)
+        stores = [a for a in others if klass(a.func) is mine and a.func is not None and a.func.name.value == "__init__"]
+        if target is not None and stores:
+            init = stores[0].func
+            for c, name, cfn in f.t.calls:
+                if cfn is init and name == target and _starts_before_end(ctx, stores[0].node, c):
+                    site = (c, f"{mine.name.value}.__init__")
+                    break
+    return recv, plain, owner, site
 
 
 def _plain_accelerator(call: cst.Call) -> bool:
