@@ -220,3 +220,70 @@ def test_handed_in_accelerator_with_the_helper_built_elsewhere_stays_conditional
     ds = diags(src, target_versions={"accelerate": "1.16.0"})
     assert [(d.code, d.start.row, d.severity.value) for d in ds] == [("BL109", 21, "W")]
     assert "when it is built after" in ds[0].message
+
+
+# ------------------------------------------------------------------ a counter gate that resets its counter
+
+RESET_COUNTER_GATE = """
+    import torch
+    from torch.utils.data import DataLoader
+
+
+    def train(model, dataset, args):
+        loader = DataLoader(dataset, batch_size=4, shuffle=True)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        for epoch in range(args.epochs):
+            optimizer.zero_grad()
+            step_cnt = 0
+            for i, batch in enumerate(loader):
+                step_cnt += 1
+                loss = model(**batch).loss / args.accumulate_step
+                loss.backward()
+                if step_cnt == args.accumulate_step:
+                    step_cnt = 0
+                    optimizer.step()
+                    optimizer.zero_grad()
+"""
+
+
+def test_equality_gate_with_a_counter_reset_is_the_accumulation_factor_by_usage():
+    # ``step_cnt == N`` with ``step_cnt = 0`` under it fires every N-th micro-batch, like ``i % N == 0``: N is known
+    # by usage, so the epoch-tail finding keeps BL107's own severity (was lowered to I as "by its name alone")
+    ds = diags(RESET_COUNTER_GATE)
+    assert [(d.code, d.start.row, d.severity.value) for d in ds] == [("BL107", 16, "W")]
+    assert "by its name alone" not in ds[0].message
+
+
+def test_equality_gate_without_a_reset_is_no_period():
+    # without the reset ``step_cnt == N`` fires once: not a window gate, and nothing is reported for it
+    src = RESET_COUNTER_GATE.replace("                    step_cnt = 0\n", "")
+    assert found(src) == []
+
+
+GAN_COUNTER_GATE = """
+    import torch
+
+
+    def train(gen, disc, loader, args):
+        g_opt = torch.optim.Adam(gen.parameters(), lr=1e-4)
+        d_opt = torch.optim.Adam(disc.parameters(), lr=1e-4)
+        cnt = 0
+        for epoch in range(args.epochs):
+            for real in loader:
+                cnt += 1
+                d_opt.zero_grad()
+                d_loss = disc(real).mean() - disc(gen(real).detach()).mean()
+                d_loss.backward()
+                d_opt.step()
+                if cnt == args.n_critic:
+                    cnt = 0
+                    g_opt.zero_grad()
+                    g_loss = -disc(gen(real)).mean()
+                    g_loss.backward()
+                    g_opt.step()
+"""
+
+
+def test_generator_every_n_critic_steps_is_not_accumulation():
+    # a backward only under the counter gate is its own update every n-th batch (a WGAN's generator)
+    assert found(GAN_COUNTER_GATE) == []
