@@ -287,3 +287,11 @@ GAN_COUNTER_GATE = """
 def test_generator_every_n_critic_steps_is_not_accumulation():
     # a backward only under the counter gate is its own update every n-th batch (a WGAN's generator)
     assert found(GAN_COUNTER_GATE) == []
+
+
+def test_configured_accelerator_built_again_after_the_plain_one_restores_accumulation():
+    # the last Accelerator built before the loop decides N: here the configured one again
+    src = SAME_SCOPE_RESET.replace(
+        "        printer = Accelerator()\n",
+        "        printer = Accelerator()\n        accelerator = Accelerator(gradient_accumulation_steps=4)\n")
+    assert found(src) == []

@@ -296,6 +296,13 @@ def _resets(ctx, f, loop):
         return []
     parent = ctx.index.parent
     out = []
+
+    def restored(after) -> bool:
+        # a configured Accelerator built again after the plain one (``after``: it, or the call that builds it) and
+        # before the loop ends hands the shared state its N back
+        return any(_starts_before_end(ctx, after, c2) and _starts_before_end(ctx, c2, loop.node) and
+                   not _starts_before_end(ctx, c2, after) for c2 in configured)
+
     for p in plains:
         pfn = scope_of.get(id(p))
         for c in configured:
@@ -304,7 +311,7 @@ def _resets(ctx, f, loop):
                 continue
             if pfn is cfn:
                 if _starts_before_end(ctx, c, p) and _starts_before_end(ctx, p, loop.node) and \
-                        not _exclusive(ctx, c, p):
+                        not _exclusive(ctx, c, p) and not restored(p):
                     out.append((p, c, None))
                     break
                 continue
@@ -327,7 +334,7 @@ def _resets(ctx, f, loop):
                         _starts_before_end(ctx, call, loop.node) and not _exclusive(ctx, c, call):
                     site = call
                     break
-            if site is not None:
+            if site is not None and not restored(site):
                 out.append((p, c, (shown, site)))
                 break
     return out
