@@ -2146,6 +2146,8 @@ class _Runner:
         if exits and not self._training_stop(stmt, exits):
             self.trace.undecided_skip = True  # which micro-batches run (or end the epoch) is not known
         mod = self._last_mod if self.n is None else None
+        if mod is None and self.n is None:
+            mod = _reset_counter_bound(stmt)  # ``if step_cnt == args.accumulate_step: ...; step_cnt = 0``
         first_ev = len(self.trace.events)
         saved = self.certain
         self.certain = False
@@ -4500,6 +4502,28 @@ def _loop_header(dr, node) -> str:
     if isinstance(node, cst.While):
         return f"while {dr.code(node.test)}"[:80]
     return ""
+
+
+def _reset_counter_bound(stmt: cst.If):
+    """The bound ``M`` of a gate ``if c == M:`` (or ``c >= M``) whose own body resets the counter (``c = 0``): the
+    gate fires every M-th advance of ``c``, a period like ``i % M == 0`` (the step under it makes M the accumulation
+    factor by usage, ``_period_gate``). None for other conditions, a literal bound (the run decides it), or a
+    counter the gate does not reset (``c == M`` then fires once)."""
+    t = stmt.test
+    if type(t) is not cst.Comparison or len(t.comparisons) != 1:
+        return None
+    ct = t.comparisons[0]
+    if type(ct.operator) not in (cst.Equal, cst.GreaterThanEqual):
+        return None
+    ctr = dotted(t.left)
+    bound = ct.comparator
+    if ctr is None or dotted(bound) is None:  # (a literal bound: the run decides the gate itself)
+        return None
+    for n in _walk(stmt.body):
+        if type(n) is cst.Assign and len(n.targets) == 1 and dotted(n.targets[0].target) == ctr and \
+                literal(n.value) == 0:
+            return bound
+    return None
 
 
 def _walk(node):

@@ -42,6 +42,37 @@ def check(ctx) -> None:
     for run in dryrun.of(ctx):
         loop = run.loop
         traces = [t for t in run.traces if t.complete] or run.traces
+        # 0. a later plain ``Accelerator()`` resets the accumulation an earlier one configured
+        if f.accelerator_ga is not None and not f.accelerator_ga_unknown and f.accelerator_deepspeed is None \
+                and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source and not ds_on \
+                and any(t.sites.get("accumulate") for t in traces):
+            from bertlint.analysis.versions import reaching, severity_for
+
+            # accelerate 0.18.0 moved the factor into the shared GradientState (0.17.0 kept it on each Accelerator:
+            # ``self.step % self.gradient_accumulation_steps``); checked on 0.18.0, 0.21.0 and 1.16.0
+            tv = ctx.versions.accelerate
+            hit = reaching(tv, lambda v: v.at_least("0.18.0"))
+            resets = _resets(ctx, f, loop) if hit is not None else []
+            for plain, configured, via in resets:
+                if id(plain) in done:
+                    continue
+                done.add(id(plain))
+                ga = f.accelerator_ga
+                where = "" if via is None else (
+                    f" (in `{via[0]}`, run by `{' '.join(code_of(via[1]).split())[:50]}` at line "
+                    f"{ctx.span(via[1])[0].row})")
+                _ga.treport(
+                    ctx, run, traces[0], plain,
+                    f"`{' '.join(code_of(plain).split())[:50]}`{where} is built after "
+                    f"`{' '.join(code_of(configured).split())[:70]}` (line {ctx.span(configured)[0].row}) and before "
+                    f"the training loop ends: accelerate keeps one process-wide `GradientState`, and every new "
+                    f"`Accelerator` hands it its own `gradient_accumulation_steps` (default 1), so from then on "
+                    f"`accumulate()` syncs and steps on every micro-batch and `accelerator.backward` divides by 1 "
+                    f"(accelerate >= 0.18; {_ga.fw(ctx, 'accelerate')}: gradient_accumulation_steps "
+                    f"{ga.text} -> 1; `PartialState()` does not reset it). The configured accumulation is silently "
+                    f"off. Use the existing accelerator (or `PartialState()`) for process checks and printing.",
+                    severity=severity_for(Severity.ERROR, hit),
+                )
         # 1. accumulate() with nothing configured (the dry run entered accelerate's accumulate())
         if f.accelerator_ga is None and not f.accelerator_ga_unknown and f.accelerator_deepspeed is None \
                 and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ctx.source and not ds_on:
@@ -54,6 +85,35 @@ def check(ctx) -> None:
                 # the Accelerator is a lost setting (E); with no such name anywhere the accumulate() may be a copied
                 # idiom on a run meant to step every micro-batch, which N = 1 does correctly (W)
                 meant = _names_accumulation(ctx.source)
+                foreign = _foreign_receiver(ctx, f, call)
+                if foreign is not None and ctx.versions.accelerate.below("0.18.0"):
+                    continue  # (before 0.18 each Accelerator kept its own factor: the file's says nothing of this one)
+                if foreign is not None:
+                    # the accumulate() receiver is an Accelerator handed in; the file's own Accelerator() is another
+                    # object (a progress bar's, a logger's): what it does is reset the shared setting when built
+                    from bertlint.analysis.versions import severity_for
+
+                    recv, plain, owner, site = foreign
+                    head = (f"`accumulate()` runs on `{recv}`, an Accelerator this file does not build (it is handed "
+                            f"in); the file's own `{' '.join(code_of(plain).split())[:50]}` (line "
+                            f"{ctx.span(plain)[0].row}{', in `' + owner + '`' if owner else ''}) sets no "
+                            f"accumulation, and building it resets accelerate's process-wide `GradientState` to "
+                            f"gradient_accumulation_steps = 1 (accelerate >= 0.18; {_ga.fw(ctx, 'accelerate')})")
+                    if site is not None:
+                        msg = (head + f". `{' '.join(code_of(site[0]).split())[:50]}` builds it in `{site[1]}` "
+                               f"(line {ctx.span(site[0])[0].row}), after `{recv}` was handed in, so the Accelerator "
+                               f"driving this loop has N = 1 whatever it was configured with: `accumulate()` syncs "
+                               f"and steps on every micro-batch and `accelerator.backward` divides by 1. Build "
+                               f"helpers on `PartialState()` or hand them the existing accelerator.")
+                        sev = severity_for(Severity.ERROR, ctx.versions.accelerate)
+                    else:
+                        msg = (head + ": when it is built after the Accelerator that drives this loop, "
+                               "`accumulate()` syncs and steps on every micro-batch and `accelerator.backward` divides "
+                               "by 1 (N = 1), whatever that one was configured with. Build helpers on `PartialState()` "
+                               "or hand them the existing accelerator.")
+                        sev = Severity.WARNING
+                    _ga.treport(ctx, run, traces[0], call, msg, severity=sev)
+                    continue
                 _ga.treport(
                     ctx, run, traces[0], call,
                     f"`accumulate()` is used but `{' '.join(code_of(f.accelerator_calls[0]).split())[:60]}` configures no "
@@ -122,6 +182,162 @@ def check(ctx) -> None:
                     severity=Severity.WARNING if expected else Severity.ERROR,
                 )
                 break
+
+
+def _foreign_receiver(ctx, f, call):
+    """(receiver text, the file's plain Accelerator call, the function holding it) when the receiver of
+    ``accumulate()`` is bound to none of the file's ``Accelerator(...)`` calls: ``self.accelerator`` of a class that
+    takes it as a parameter while another class builds its own ``self.accelerator = Accelerator()``. None when the
+    receiver is (or may be) one the file builds."""
+    func = call.func if isinstance(call, cst.Call) else None
+    if not isinstance(func, cst.Attribute):
+        return None
+    from bertlint.analysis.symbols import dotted
+
+    recv = dotted(func.value)
+    if not recv:
+        return None
+    parent = ctx.index.parent
+
+    def scope(node):
+        n = parent(node)
+        while n is not None and not isinstance(n, cst.FunctionDef):
+            n = parent(n)
+        return n
+
+    def klass(fn):
+        n = parent(fn) if fn is not None else None
+        while n is not None and not isinstance(n, (cst.ClassDef, cst.Module)):
+            n = parent(n)
+        return n if isinstance(n, cst.ClassDef) else None
+
+    here = scope(call)
+    built = {id(c) for c in f.accelerator_calls}
+    binds = [a for a in f.t.assignments.get(recv, []) if type(a.value) is cst.Call and id(a.value) in built]
+    others = [a for a in f.t.assignments.get(recv, []) if not (type(a.value) is cst.Call and id(a.value) in built)]
+    if recv.startswith("self."):
+        mine = klass(here)
+        if mine is None or any(klass(a.func) is mine for a in binds):
+            return None
+        if not any(klass(a.func) is mine for a in others):
+            return None  # (nothing in the receiver's class says where it comes from)
+    else:
+        return None  # a plain name: its binding may be any of the file's Accelerator() calls
+    plains = [c for c in f.accelerator_calls if _plain_accelerator(c)]
+    if not plains:
+        return None
+    plain = plains[0]
+    fn = scope(plain)
+    owner = None
+    site = None
+    if fn is not None:
+        k = klass(fn)
+        owner = f"{k.name.value}.{fn.name.value}" if k is not None else fn.name.value
+        # the receiver's own class builds that object (or calls that function) in its __init__, after the
+        # receiver was stored from a parameter: the handed-in Accelerator exists before, so the plain one comes after
+        target = k.name.value if k is not None and fn.name.value == "__init__" else (
+            fn.name.value if k is None else None)
+        stores = [a for a in others if klass(a.func) is mine and a.func is not None and a.func.name.value == "__init__"]
+        if target is not None and stores:
+            init = stores[0].func
+            for c, name, cfn in f.t.calls:
+                if cfn is init and name == target and _starts_before_end(ctx, stores[0].node, c):
+                    site = (c, f"{mine.name.value}.__init__")
+                    break
+    return recv, plain, owner, site
+
+
+def _plain_accelerator(call: cst.Call) -> bool:
+    """``Accelerator(...)`` that sets no accumulation of its own: no ``gradient_accumulation_steps`` /
+    ``gradient_accumulation_plugin``, no ``*``/``**`` arguments, at most the three positional parameters before
+    ``gradient_accumulation_steps`` (device_placement, split_batches, mixed_precision)."""
+    from bertlint.analysis.symbols import kwarg
+
+    if kwarg(call, "gradient_accumulation_steps") is not None or kwarg(call, "gradient_accumulation_plugin") is not None:
+        return False
+    if any(a.star for a in call.args):
+        return False
+    return sum(1 for a in call.args if a.keyword is None) <= 3
+
+
+def _exclusive(ctx, a, b) -> bool:
+    """``a`` and ``b`` sit in different arms of one ``if``/``try`` (at most one of them runs)."""
+    parent = ctx.index.parent
+    up: dict = {}
+    n, below = a, None
+    while n is not None:
+        up[id(n)] = below
+        n, below = parent(n), n
+    n, below = b, None
+    while n is not None and id(n) not in up:
+        n, below = parent(n), n
+    if n is None or not isinstance(n, (cst.If, cst.Try, cst.TryStar)):
+        return False
+    ca = up[id(n)]  # the child of the common ancestor on the way to a
+    return ca is not below and ca is not None and below is not None and (
+        isinstance(n, (cst.Try, cst.TryStar)) or ca is n.orelse or below is n.orelse)
+
+
+def _resets(ctx, f, loop):
+    """(plain call, configured call, via) for each ``Accelerator()`` that sets no accumulation and that runs after
+    the ``Accelerator`` configuring it and before ``loop`` ends: in the same function (or both at module level)
+    after it, not in another arm of an ``if``; or in a same-file function, or a class's ``__init__``, that the
+    configured call's scope calls (by name, or by building the class) after it and before the loop ends (``via``:
+    (the function's name, that call)). Each new Accelerator hands accelerate's shared ``GradientState`` its own
+    ``gradient_accumulation_steps`` (default 1): the last one built decides N (accelerate 1.16: 4 -> 1 by a
+    second plain ``Accelerator()``, built before or inside the loop)."""
+    from bertlint.analysis.symbols import kwarg
+
+    scope_of = {id(c): fn for c, _n, fn in f.t.calls}
+    configured = [c for c in f.accelerator_calls if kwarg(c, "gradient_accumulation_steps") is not None
+                  or kwarg(c, "gradient_accumulation_plugin") is not None]
+    plains = [c for c in f.accelerator_calls if _plain_accelerator(c)]
+    if not configured or not plains:
+        return []
+    parent = ctx.index.parent
+    out = []
+
+    def restored(after) -> bool:
+        # a configured Accelerator built again after the plain one (``after``: it, or the call that builds it) and
+        # before the loop ends hands the shared state its N back
+        return any(_starts_before_end(ctx, after, c2) and _starts_before_end(ctx, c2, loop.node) and
+                   not _starts_before_end(ctx, c2, after) for c2 in configured)
+
+    for p in plains:
+        pfn = scope_of.get(id(p))
+        for c in configured:
+            cfn = scope_of.get(id(c))
+            if id(c) not in scope_of or id(p) not in scope_of:
+                continue
+            if pfn is cfn:
+                if _starts_before_end(ctx, c, p) and _starts_before_end(ctx, p, loop.node) and \
+                        not _exclusive(ctx, c, p) and not restored(p):
+                    out.append((p, c, None))
+                    break
+                continue
+            if pfn is None:
+                continue
+            # the plain call's function, or the class whose __init__ holds it, called from the configured call's
+            # scope after it and before the loop ends
+            names = {pfn.name.value} if parent(parent(pfn)) is ctx.module or parent(pfn) is ctx.module else set()
+            shown = pfn.name.value
+            if pfn.name.value == "__init__":
+                klass = parent(parent(pfn))  # FunctionDef -> IndentedBlock -> ClassDef
+                if isinstance(klass, cst.ClassDef):
+                    names = {klass.name.value}
+                    shown = f"{klass.name.value}.__init__"
+            if not names:
+                continue
+            site = None
+            for call, name, fn in f.t.calls:
+                if fn is cfn and name in names and call is not p and _starts_before_end(ctx, c, call) and \
+                        _starts_before_end(ctx, call, loop.node) and not _exclusive(ctx, c, call):
+                    site = call
+                    break
+            if site is not None and not restored(site):
+                out.append((p, c, (shown, site)))
+                break
+    return out
 
 
 def _prepared_before(ctx, f, loop) -> bool:
