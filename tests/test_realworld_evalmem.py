@@ -701,3 +701,38 @@ def test_a_getter_named_like_a_model_is_no_forward():
     """
     # the getters are silent; a model attribute called with an input is still a forward
     assert [c for c, _r in found(src)] == ["BL501", "BL502"]
+
+
+def test_a_model_method_cutting_its_input_into_chunks_is_the_models_computation():
+    # a localizer's forward_test (called by its base class's forward dispatch, under the framework's no_grad) runs
+    # the backbone over chunks of its one input: one call of the model, grad mode the caller's
+    src = """
+        import torch
+        from torch import nn
+
+
+        class Localizer(nn.Module):
+            def __init__(self, backbone, chunk):
+                super().__init__()
+                self.backbone = backbone
+                self.pool = nn.AdaptiveAvgPool2d(1)
+                self.chunk = chunk
+
+            def forward_test(self, imgs):
+                output = []
+                for idx in range(0, imgs.shape[1], self.chunk):
+                    x = self.backbone(imgs[:, idx:idx + self.chunk])
+                    x = self.pool(x)
+                    output.append(x)
+                return torch.cat(output, dim=1)
+    """
+    assert found(src) == []
+    # the same method called by this file's own loop with autograd on: judged at its caller as before
+    called = src + """
+        def evaluate(model, loader):
+            outs = []
+            for imgs in loader:
+                outs.append(model.forward_test(imgs))
+            print(len(outs))
+    """
+    assert found(called) == [("BL501", 18), ("BL502", 16)]

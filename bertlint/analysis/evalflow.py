@@ -1476,6 +1476,24 @@ class EvalFlow:
     _STRUCT_BUILTINS = frozenset({"range", "len", "enumerate", "zip", "reversed", "list", "tuple", "min", "max"})
     _DATA_TOKENS = frozenset({"loader", "dataloader", "dataset", "data", "batches", "samples", "iterator"})
 
+    def chunking_loop(self, loop, scope) -> bool:
+        """``loop`` runs over ``range(...)`` in a method of a model class (an ``nn.Module`` / ``PreTrainedModel``
+        subclass by its bases, followed into sibling modules) that nothing in this file calls: the model's own
+        dispatch calls it (``forward(..., return_loss=False)`` of a base class → ``self.forward_test(imgs)``), and
+        the loop cuts that one input into chunks (``for idx in range(0, imgs.shape[1], chunk)``) inside one call of
+        the model, under whatever grad mode the caller runs the model with (a framework's test loop runs it under
+        ``no_grad``): the method's name says nothing about autograd being on. A loop over a loader or another object
+        (``for batch in loader``) is data: still judged by the name."""
+        if not isinstance(loop, cst.For) or not isinstance(scope, cst.FunctionDef):
+            return False
+        it = loop.iter
+        if not (type(it) is cst.Call and type(it.func) is cst.Name and it.func.value == "range"):
+            return False
+        cls = self.class_of(scope)
+        if cls is None or (self.module_family(cls) or self._sibling_family(cls)) not in ("module", "pretrained"):
+            return False
+        return self.call_sites(scope) == []
+
     def structural_loop(self, loop: cst.CSTNode) -> bool:
         """``loop`` is in a method of a model class (an ``nn.Module`` / ``PreTrainedModel`` subclass by its bases,
         followed into sibling modules) and walks the model's own structure rather than data: its iterable reads only
@@ -2057,7 +2075,8 @@ def eval_reason(flow: EvalFlow, loop: cst.CSTNode, receivers: Iterable[str]) -> 
     ev = flow.eval_mode_before(loop, receivers)
     if ev is not None:
         return f"after {eval_call_text(flow, ev)}"
-    if flow.eval_name(scope) and not flow.structural_loop(loop) and not flow.trained_by_caller(scope):
+    if flow.eval_name(scope) and not flow.structural_loop(loop) and not flow.trained_by_caller(scope) and \
+            not flow.chunking_loop(loop, scope):
         return f"in `{scope.name.value}()`"
     return None
 
