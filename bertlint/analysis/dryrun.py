@@ -355,14 +355,17 @@ class FileDryRun:
             v = self._codes[k] = code_of(node).strip()
         return v
 
-    def relevant_branch(self, stmt, f) -> bool:
+    def relevant_branch(self, stmt, f, func=None, cls=None) -> bool:
         """Does either arm of an ``if`` hold something the trace records (a relevant call, a same-file function that
         makes one, a loss division, ``continue`` / ``break`` / ``return``)? Only such conditions split the run
-        into configurations; the others are run as undecided (cheaper, same events)."""
-        k = id(stmt)
+        into configurations; the others are run as undecided (cheaper, same events). A call of a same-file
+        function whose value is dropped and whose body can change nothing the trace records (``_inert``: an
+        evaluation pass, a sampler writing images) does not make the branch relevant."""
+        k = (id(stmt), id(func), id(cls))
         v = self._rel.get(k)
         if v is None:
             v = False
+            dropped = {id(x.value) for x in _walk(stmt) if type(x) is cst.Expr and type(x.value) is cst.Call}
             for n in _walk(stmt):
                 tp = type(n)
                 if tp in (cst.Continue, cst.Break, cst.Return, cst.Raise):
@@ -371,6 +374,10 @@ class FileDryRun:
                     fn = n.func
                     if isinstance(fn, cst.Attribute) and fn.attr.value in _RELEVANT:
                         v = True
+                    elif id(n) in dropped and func is not None and not (isinstance(fn, cst.Attribute) and
+                                                                        fn.attr.value in _RELEVANT) and \
+                            _inert_call(self, f, n, func, cls):
+                        continue
                     elif isinstance(fn, cst.Name) and fn.value in f.t.module_funcs:
                         v = True
                     elif isinstance(fn, cst.Attribute) and isinstance(fn.value, cst.Name) and fn.value.value == "self":
@@ -2112,7 +2119,7 @@ class _Runner:
         return None
 
     def _if(self, stmt, frame, chain, level) -> Optional[str]:
-        rel = self.dr.relevant_branch(stmt, self.f)
+        rel = self.dr.relevant_branch(stmt, self.f, frame.func, frame.cls)
         modes = _mode_chain(stmt) if isinstance(stmt.orelse, cst.If) else None
         if modes:
             self._exclusive_modes(modes, before=True)
@@ -2371,6 +2378,7 @@ class _Runner:
                     and not _zero_grad_call(small):
                 continue
             if tp is cst.Expr:
+                self._discarded = small.value  # a call whose value nothing keeps (``self.evaluate(rate)``)
                 self.ev(small.value, frame)
             elif tp is cst.Assign:
                 v = self.ev(small.value, frame)
@@ -3291,6 +3299,9 @@ class _Runner:
         # same-file functions and methods: inlined
         fn = self._callee(call, frame)
         if fn is not None:
+            if call is self.__dict__.get("_discarded") and not any(isinstance(a, (DictVal, ListVal)) for a in argv) \
+                    and _inert(self.dr, fn, f.class_of(fn) or frame.cls):
+                return UNK  # its value is dropped and its body can change nothing the trace records: not run
             if frame.depth < 4 and (f.relevant(fn, f.class_of(fn) or frame.cls) or
                                     any(isinstance(a, DictVal) for a in argv)):
                 # (a helper handed a dict the run follows may fill it: ``forward_step(model, batch, loss_dict)``
@@ -4491,6 +4502,96 @@ def _loop_header(dr, node) -> str:
     if isinstance(node, cst.While):
         return f"while {dr.code(node.test)}"[:80]
     return ""
+
+
+# method names that change their receiver (or record an event): a function calling one is not inert
+_MUTATORS = frozenset({"append", "extend", "insert", "add", "setdefault", "pop", "popitem", "clear", "remove",
+                       "discard", "update", "register_hook", "register_forward_hook", "register_full_backward_hook",
+                       "register_forward_pre_hook", "apply", "load_state_dict", "optimizer_step",
+                       "backward", "manual_backward", "accumulate", "autocast", "set_gradient_accumulation_boundary"})
+
+
+def _inert_call(dr, f, call, func, cls) -> bool:
+    """``call`` runs a same-file function that is ``_inert`` (its arguments hold no call either)."""
+    try:
+        g = f.callee(call, func, cls)
+    except Exception:
+        return False
+    if g is None or any(type(x) is cst.Call for a in call.args for x in _walk(a.value)):
+        return False
+    return _inert(dr, g, f.class_of(g) or cls)
+
+
+def _inert(dr, fn, cls, _seen: Optional[set] = None) -> bool:
+    """A same-file (or sibling-module) function whose call, its value dropped, cannot change anything the trace
+    records: no call of a method the loop model records or that changes its receiver (``_RELEVANT``,
+    ``_CALL_ATTRS``, ``_MUTATORS``, an in-place ``x.add_()``), no assignment to an attribute, to an item of
+    something it did not make itself, no ``global`` / ``nonlocal`` / ``yield``, and only such functions among the
+    ones it calls (the model's forward, metrics, image saving and printing are opaque and record nothing). An
+    evaluation pass or a sampler called for its files and logs (``self.evaluation(rate)``) is then not run: it
+    can neither step, clear, clip nor keep a loss, and running it costs the run its budget."""
+    memo = dr.__dict__.setdefault("_inert_memo", {})
+    hit = memo.get(id(fn))
+    if hit is not None and hit[0] is fn:
+        return hit[1]
+    seen = _seen if _seen is not None else set()
+    if id(fn) in seen:
+        return True  # a cycle: the function's own body decides
+    seen.add(id(fn))
+    res = _inert_body(dr, fn, cls, seen)
+    memo[id(fn)] = (fn, res)
+    return res
+
+
+def _inert_body(dr, fn, cls, seen: set) -> bool:
+    params = {p.name.value for p in list(fn.params.params) + list(fn.params.kwonly_params)}
+    for p in (fn.params.star_arg, fn.params.star_kwarg):
+        if isinstance(p, cst.Param):
+            params.add(p.name.value)
+    local = set(assigned_names(fn.body)) - params
+    calls = []
+    for n in _walk(fn.body):
+        tp = type(n)
+        if tp in (cst.Global, cst.Nonlocal, cst.Yield, cst.Await):
+            return False
+        if tp is cst.Call:
+            calls.append(n)
+        elif tp in (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Del):
+            targets = [t.target for t in n.targets] if tp is cst.Assign else [n.target]
+            for t in targets:
+                for x in _walk(t):
+                    if type(x) is cst.Attribute and type(x.value) is not cst.Attribute:
+                        return False  # ``self.fid = ...``, ``p.grad = None``, ``obj.attr += 1``
+                    if type(x) is cst.Subscript:
+                        root = x.value
+                        while type(root) in (cst.Attribute, cst.Subscript):
+                            root = root.value
+                        if type(root) is not cst.Name or root.value not in local:
+                            return False  # an item of a parameter, of ``self`` or of a global
+    f = dr.f
+    for c in calls:
+        g = f.callee(c, fn, cls)
+        if g is not None:
+            if not _inert(dr, g, f.class_of(g) or cls, seen):
+                return False
+            continue
+        func = c.func
+        if type(func) is cst.Name:
+            if func.value in _RELEVANT or func.value in ("exit", "quit"):
+                return False  # ``clip_grad_norm_(...)`` imported by name, the process ended
+            continue
+        if type(func) is not cst.Attribute:
+            continue
+        name = func.attr.value
+        if name in _RELEVANT or name in _CALL_ATTRS:
+            return False
+        if name in _MUTATORS or (name.endswith("_") and not name.startswith("_")):
+            root = func.value
+            while type(root) in (cst.Attribute, cst.Subscript, cst.Call):
+                root = root.func if type(root) is cst.Call else root.value
+            if type(root) is not cst.Name or root.value not in local:
+                return False  # changes something the caller can see (``self.losses.append``, ``p.add_``)
+    return True
 
 
 def _walk(node):

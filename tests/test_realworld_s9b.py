@@ -1,0 +1,169 @@
+"""Regressions from session 9's blind part s9other (accumulation loops outside NLP: vision, detection, diffusion).
+
+Each case is a small program written for this file, of the shape of code seen in public projects; the assertions
+are the exact (code, line) pairs reported, for the wrong shape and for its correct look-alike."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from bertlint.api import lint_text
+from bertlint.config import Settings
+
+
+def found(src: str, prefix: str = "BL1") -> list[tuple[str, int]]:
+    diags = lint_text(textwrap.dedent(src), "train.py", Settings())
+    return sorted((d.code, d.start.row) for d in diags if d.code.startswith(prefix))
+
+
+# ------------------------------------------------------------------ evaluation passes called from the training loop
+# A trainer whose loop calls sampling / evaluation methods under configuration flags: their bodies change nothing
+# the trace records (images written, metrics printed), so they neither split the run into configurations nor
+# spend its budget; the flag that matters (the AMP branch) is still decided per configuration.
+
+_EVAL_METHODS = """
+        def sample_images(self, model, steps=4):
+            model.eval()
+            images = []
+            for k in range(steps):
+                x = torch.randn(4, 3, 32, 32)
+                for t in range(50):
+                    x = x - model(x) / (t + 1)
+                images.append(x)
+            grid = torch.cat(images) / 2 + 0.5
+            save_image(grid, "samples.png")
+            model.train()
+
+        def fid(self, model):
+            feats = []
+            for b in range(20):
+                f = model(torch.randn(8, 3, 32, 32)).mean(0) / 8
+                feats.append(f)
+            return float(torch.stack(feats).var())
+
+        def evaluate(self, model):
+            score = self.fid(model)
+            print("fid", score / 100)
+            self.sample_images(model)
+"""
+
+EVAL_FLAGS_BAD = """
+    import torch
+    from torchvision.utils import save_image
+
+
+    class Trainer:
+        def __init__(self, model, data, args):
+            self.model = model
+            self.data = data
+            self.args = args
+            self.opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+            self.scaler = torch.cuda.amp.GradScaler()
+            self.microbatch = args.microbatch
+
+        def run_loop(self):
+            step = 0
+            while step < self.args.total_steps:
+                batch = next(self.data)
+                if self.args.sample_a:
+                    self.sample_images(self.model)
+                if self.args.sample_b:
+                    self.sample_images(self.model, steps=2)
+                if self.args.eval_a:
+                    self.evaluate(self.model)
+                if self.args.eval_b:
+                    self.evaluate(self.model)
+                if self.args.eval_c:
+                    self.evaluate(self.model)
+                self.opt.zero_grad()
+                for i in range(0, batch.shape[0], self.microbatch):
+                    micro = batch[i:i + self.microbatch]
+                    loss = self.model(micro).mean()
+                    if self.args.amp:
+                        self.scaler.scale(loss).backward()
+                    else:
+                        loss.backward()
+                if self.args.amp:
+                    self.scaler.step(self.opt)
+                    self.scaler.update()
+                else:
+                    self.opt.step()
+                step += 1
+""" + _EVAL_METHODS
+
+EVAL_FLAGS_GOOD = EVAL_FLAGS_BAD.replace(
+    "loss = self.model(micro).mean()", "loss = self.model(micro).mean() / n_micro").replace(
+    "self.opt.zero_grad()\n", "self.opt.zero_grad()\n                n_micro = math.ceil(batch.shape[0] / self.microbatch)\n").replace(
+    "import torch\n", "import math\n    import torch\n", 1)
+
+
+def test_micro_batch_loop_behind_inert_evaluation_flags_is_still_run():
+    # five flags in front of the micro-batch loop only call evaluation passes: the AMP flag is the one that splits,
+    # and every micro-batch's backward is certain in each configuration -> the missing 1/K is seen
+    got = found(EVAL_FLAGS_BAD)
+    assert [c for c, _ in got] == ["BL103"], got
+
+
+def test_micro_batch_loop_behind_inert_evaluation_flags_divided_is_silent():
+    assert found(EVAL_FLAGS_GOOD) == []
+
+
+# ------------------------------------------------------------------ what makes a called function inert
+
+
+def _inert_of(src: str, name: str) -> bool:
+    from bertlint.analysis import dryrun
+    from bertlint.context import FileContext
+
+    src = textwrap.dedent(src)
+    dr = dryrun.of(FileContext("t.py", src, cst.parse_module(src), None))
+    fns = dr.f.t.module_funcs.get(name, [])
+    assert len(fns) == 1, name
+    return dryrun._inert(dr, fns[0], None)
+
+
+HELPERS = """
+    import torch
+
+    def writes_images(model, path):
+        imgs = []
+        for i in range(3):
+            imgs.append(model(torch.randn(1, 3, 8, 8)) / 2)
+        torch.save(torch.cat(imgs), path)
+
+    def sets_an_attribute(trainer):
+        trainer.best = 1.0
+
+    def appends_to_its_argument(losses, loss):
+        losses.append(loss)
+
+    def steps(optimizer):
+        optimizer.step()
+
+    def scales_grads(model, f):
+        for p in model.parameters():
+            p.grad.mul_(f)
+
+    def calls_a_stepping_helper(optimizer):
+        steps(optimizer)
+
+    def calls_an_image_writer(model):
+        writes_images(model, "x.png")
+
+    def train(model, loader, optimizer):
+        for i, batch in enumerate(loader):
+            loss = model(batch) / 2
+            loss.backward()
+            if (i + 1) % 2 == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+"""
+
+
+def test_inert_functions():
+    assert _inert_of(HELPERS, "writes_images") is True
+    assert _inert_of(HELPERS, "calls_an_image_writer") is True
+    for name in ("sets_an_attribute", "appends_to_its_argument", "steps", "scales_grads", "calls_a_stepping_helper"):
+        assert _inert_of(HELPERS, name) is False, name
