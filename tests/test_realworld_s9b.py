@@ -167,3 +167,51 @@ def test_inert_functions():
     assert _inert_of(HELPERS, "calls_an_image_writer") is True
     for name in ("sets_an_attribute", "appends_to_its_argument", "steps", "scales_grads", "calls_a_stepping_helper"):
         assert _inert_of(HELPERS, name) is False, name
+
+
+# ------------------------------------------------------------------ evaluation of a model whose forward takes gradients
+# A gradient-step denoiser (D(x) = x - grad_x g(x)), an energy model's score: the forward calls torch.autograd.grad
+# itself, so its evaluation loop needs autograd; under no_grad the forward raises. The same loop over a plain
+# model is still reported.
+
+GRAD_FORWARD = """
+    import torch
+    import torch.nn as nn
+
+
+    class {cls}(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+
+        def potential(self, x):
+            x = x.detach().requires_grad_(True)
+            energy = 0.5 * ((self.net(x) - x) ** 2).sum()
+            return energy, {grad}
+
+        def forward(self, x):
+            _, g = self.potential(x)
+            return x - g
+
+
+    def evaluate(loader):
+        model, _ = {cls}.restore("ckpt.pt")
+        model.eval()
+        total = 0.0
+        for x, y in loader:
+            out = model(x)
+            total += float(((out - y) ** 2).mean())
+        return total
+"""
+
+GRAD_FORWARD_GOOD = GRAD_FORWARD.format(
+    cls="GradientStepDenoiser", grad="torch.autograd.grad(energy, x, create_graph=self.training)[0]")
+GRAD_FORWARD_BAD = GRAD_FORWARD.format(cls="Denoiser", grad="x * 0")
+
+
+def test_eval_of_a_model_whose_forward_takes_gradients_is_silent():
+    assert found(GRAD_FORWARD_GOOD, "BL502") == []
+
+
+def test_eval_of_a_plain_model_is_still_reported():
+    assert found(GRAD_FORWARD_BAD, "BL502") == [("BL502", 26)]
