@@ -215,3 +215,64 @@ def test_eval_of_a_model_whose_forward_takes_gradients_is_silent():
 
 def test_eval_of_a_plain_model_is_still_reported():
     assert found(GRAD_FORWARD_BAD, "BL502") == [("BL502", 26)]
+
+
+# ------------------------------------------------------------------ a gate on the micro-batches since the last step
+# ``if ni - last_opt_step >= accumulate: ... last_opt_step = ni`` with ``ni = i + nb * epoch`` counted across epochs
+# (a nominal-batch detector trainer): the windows run over epoch boundaries, so a ``zero_grad`` that starts every
+# epoch erases the micro-batches backpropagated since the epoch's last step. The factor may ramp up during a warm-up
+# (``if ni <= nw: accumulate = ...``) and the first epoch may come from a checkpoint (``range(start_epoch, ...)``).
+
+SINCE_GATE = """
+    import os
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+    WORLD_SIZE = int(os.getenv("WORLD_SIZE", 1))
+
+
+    def train(model, dataset, batch_size, epochs, resume=None):
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        nb = len(loader)
+        nbs = 64
+        accumulate = max(round(nbs / batch_size), 1)
+        nw = max(3 * nb, 100)
+        start_epoch = 0
+        if resume:
+            start_epoch = torch.load(resume)["epoch"] + 1
+        last_opt_step = -1
+        for epoch in range(start_epoch, epochs):
+            model.train()
+            {epoch_zero}
+            for i, (imgs, targets) in enumerate(loader):
+                ni = i + nb * epoch
+                if ni <= nw:
+                    accumulate = max(1, np.interp(ni, [0, nw], [1, nbs / batch_size]).round())
+                loss = model(imgs, targets)
+                {world}
+                loss.backward()
+                if ni - last_opt_step >= accumulate:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    last_opt_step = ni
+"""
+
+
+def test_since_last_step_gate_with_an_epoch_start_zero_grad_drops_the_tail():
+    src = SINCE_GATE.format(epoch_zero="optimizer.zero_grad()", world="pass")
+    assert found(src) == [("BL103", 30), ("BL107", 31)]
+
+
+def test_since_last_step_gate_carried_across_epochs_is_silent_on_the_tail():
+    # no zero_grad at the epoch's start: the window goes on over the boundary with its N micro-batches
+    src = SINCE_GATE.format(epoch_zero="pass", world="pass")
+    assert found(src) == [("BL103", 30)]
+
+
+def test_loss_multiplied_by_the_world_size_trains_on_sums():
+    # ``loss *= WORLD_SIZE`` undoes DDP's averaging: the script trains on gradient sums (a per-image sum loss, the
+    # learning rate tuned for the nominal batch), so no 1/N is missing; the dropped tail is still reported
+    src = SINCE_GATE.format(epoch_zero="optimizer.zero_grad()", world="loss *= WORLD_SIZE")
+    assert found(src) == [("BL107", 31)]

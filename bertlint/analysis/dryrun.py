@@ -1195,6 +1195,16 @@ def _counter_gate_factor(dr, loop):
             ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
         for cnt, bound in pairs:
             c, b = dotted(cnt), dotted(bound)
+            if c is None and b and _since_mark(loop.node, cnt, assigned) and (
+                    b not in assigned or _ramped(dr, loop.node, b)):
+                # ``if ni - last_opt_step >= accumulate:`` with ``last_opt_step = ni`` where it steps: the
+                # micro-batches since the last step, compared with the factor (ultralytics' trainers)
+                if gated is None:
+                    gated = _step_gate_tests(dr, loop.node, getattr(loop, "cls", None), loop.func)
+                if id(n) in gated:
+                    dr.__dict__.setdefault("_since_loops", set()).add(id(loop))
+                    return dr.f.factor(bound, "gate", loop.func)
+                continue
             if c and b and c in assigned and b not in assigned and _reset_in(loop.node, c):
                 if gated is None:
                     gated = _step_gate_tests(dr, loop.node, getattr(loop, "cls", None), loop.func)
@@ -1365,6 +1375,65 @@ def _step_gate_tests(dr, root, cls, func=None) -> set:
                 out.update(id(x) for x in _all_nodes(n.value))
     memo[key] = out
     return out
+
+
+def _loader_length(small) -> bool:
+    """``nb = len(train_loader)``: a name bound to the length of something named, the only call of the statement (run
+    before the loops: the run knows its loader's length)."""
+    if type(small) is not cst.Assign or len(small.targets) != 1 or type(small.targets[0].target) is not cst.Name:
+        return False
+    v = small.value
+    return type(v) is cst.Call and type(v.func) is cst.Name and v.func.value == "len" and len(v.args) == 1 and \
+        type(v.args[0].value) in (cst.Name, cst.Attribute)
+
+
+def _ramped(dr, node, name: str) -> bool:
+    """Every assignment of ``name`` inside the loop is in the arm of an ``if`` that compares a count with a bound
+    (``if ni <= nw: accumulate = max(1, np.interp(ni, xi, [1, nbs / batch_size]).round())``): a warm-up ramp of
+    the factor towards the value set before the loop. The run models the loop after the ramp: those assignments
+    are marked (``dr._ramp_assigns``) and the run keeps N."""
+    found = []
+    ok = True
+
+    def visit(n, under: bool) -> None:
+        nonlocal ok
+        for ch in children(n):
+            tp = type(ch)
+            if tp is cst.If:
+                t = ch.test
+                ramp = type(t) is cst.Comparison and len(t.comparisons) == 1 and type(
+                    t.comparisons[0].operator) in (cst.LessThan, cst.LessThanEqual)
+                visit(ch.body, under or ramp)
+                if ch.orelse is not None:
+                    visit(ch.orelse, under)
+                continue
+            if tp in (cst.Assign, cst.AugAssign, cst.AnnAssign):
+                tg = [x.target for x in ch.targets] if tp is cst.Assign else [ch.target]
+                if any(dotted(x) == name for x in tg):
+                    if not under or tp is not cst.Assign:
+                        ok = False
+                    found.append(ch)
+            if tp in SCOPE_TYPES:
+                continue
+            visit(ch, under)
+
+    visit(node.body, False)
+    if not ok or not found:
+        return False
+    dr.__dict__.setdefault("_ramp_assigns", set()).update(id(x) for x in found)
+    return True
+
+
+def _since_mark(node, expr, assigned) -> bool:
+    """``expr`` is ``a - b`` with ``a`` advanced in the loop and ``b = a`` assigned inside it (the mark of the last
+    step): a count of the micro-batches since that step."""
+    if type(expr) is not cst.BinaryOperation or type(expr.operator) is not cst.Subtract:
+        return False
+    a, b = dotted(expr.left), dotted(expr.right)
+    if not a or not b or a == b or a not in assigned or b not in assigned:
+        return False
+    return any(type(n) is cst.Assign and dotted(n.value) == a and any(dotted(t.target) == b for t in n.targets)
+               for n in _walk(node))
 
 
 def _reset_in(node, name: str) -> bool:
@@ -1841,6 +1910,10 @@ class _Runner:
                 s = ints[2] if len(ints) > 2 else 1
             else:
                 return [None] * count
+            if a is None and not is_micro and len(ints) >= 2 and id(self.loop) in self.dr.__dict__.get(
+                    "_since_loops", ()):
+                # a gate on the micro-batches since the last step counted from the epoch (``ni = i + nb * epoch``)
+                a = self._fresh_start([x.value for x in it.args if x.keyword is None][0])
             window = is_micro and node is not self.loop.node
             if is_micro and not window and b is None and a == 0 and s == 1:
                 # ``for itr in range(E)``: the simulated loop is E iterations long, so ``itr + 1 == E`` is its
@@ -1860,6 +1933,40 @@ class _Runner:
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _fresh_start(self, expr) -> Optional[int]:
+        """The first epoch of a run started afresh: ``for epoch in range(start_epoch, epochs)`` with
+        ``start_epoch = 0`` before the loops and a resumed value read from a checkpoint in a branch (``start_epoch,
+        ... = smart_resume(...)``): the literal, the one value the file gives it. Counts derived from the epoch
+        (``ni = i + nb * epoch``) then run from it; None when the file gives no such single literal."""
+        if type(expr) is not cst.Name:
+            return None
+        func = getattr(self.loop, "func", None)
+        try:
+            assigns = self.t.assignments_of(expr.value, func) or []
+        except Exception:
+            return None
+        inside = self.dr.inside(self._outermost) if self._outermost is not None else set()
+        vals = {self.f.r.int_value(a.value, a.func) for a in assigns if a.node is None or id(a.node) not in inside}
+        vals.discard(None)
+        return vals.pop() if len(vals) == 1 else None
+
+    def _prefix_loader(self, frame):
+        """The loader the micro-batch loop iterates, read from its ``for`` statement before the run reaches it (a
+        length taken before the loops: ``nb = len(train_loader)``, then ``ni = i + nb * epoch``); None when the
+        loop does not iterate a loader by name."""
+        node = getattr(self.loop, "node", None)
+        if type(node) is not cst.For:
+            return None
+        try:
+            it = _unwrap_iter(self._held_iter(_unwrap_iter(node.iter), frame))
+        except Exception:
+            return None
+        if isinstance(it, cst.Call) and (call_name(it) or "") == "enumerate":
+            it = positional(it, 0)
+        if isinstance(it, cst.Call) and (call_name(it) or "") == "range":
+            return None
+        return it if isinstance(it, (cst.Name, cst.Attribute)) else None
 
     def _held_iter(self, it, frame):
         """``pbar = enumerate(train_loader)`` (then ``pbar = tqdm(pbar, total=nb)``) and ``for i, b in pbar``: the
@@ -2374,13 +2481,16 @@ class _Runner:
         self._stmt_node = stmt
         for small in stmt.body:
             tp = type(small)
-            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]) \
+            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or
+                           (self.dr.names_calls(small)[1] and not _loader_length(small))) \
                     and not _zero_grad_call(small):
                 continue
             if tp is cst.Expr:
                 self._discarded = small.value  # a call whose value nothing keeps (``self.evaluate(rate)``)
                 self.ev(small.value, frame)
             elif tp is cst.Assign:
+                if self.n is not None and id(small) in self.dr.__dict__.get("_ramp_assigns", ()):
+                    continue  # the factor's warm-up ramp: the run models the loop after it (``_ramped``)
                 v = self.ev(small.value, frame)
                 if type(small.value) is cst.Dict:
                     v = self._dict(small.value, frame)
@@ -3322,6 +3432,8 @@ class _Runner:
                 if nm == "len" and argv:
                     a0 = call.args[0].value
                     ld = self._loader
+                    if ld is None:
+                        ld = self._prefix_loader(frame)  # ``nb = len(train_loader)`` before the loops
                     if ld is not None and self.dr.code(a0) in _loader_texts(ld, self.dr):
                         return Num(self.length)
                     return Num(None)
