@@ -276,3 +276,13 @@ def test_loss_multiplied_by_the_world_size_trains_on_sums():
     # learning rate tuned for the nominal batch), so no 1/N is missing; the dropped tail is still reported
     src = SINCE_GATE.format(epoch_zero="optimizer.zero_grad()", world="loss *= WORLD_SIZE")
     assert found(src) == [("BL107", 31)]
+
+
+def test_loss_divided_by_the_window_count_written_out_is_silent():
+    # the number of micro-batches of the window loop written out in the division itself
+    # (``/ math.ceil(batch.shape[0] / self.microbatch)``): that is N, the window's weights sum to 1
+    src = EVAL_FLAGS_BAD.replace(
+        "loss = self.model(micro).mean()",
+        "loss = self.model(micro).mean() / math.ceil(batch.shape[0] / self.microbatch)").replace(
+        "import torch\n", "import math\n    import torch\n", 1)
+    assert found(src) == []

@@ -3265,6 +3265,11 @@ class _Runner:
             memo[key] = (call, frame.func, (recv, name, q, bstyle))
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
+        if self.n is not None and self.n_text and self.n_text[-1] == ")" and \
+                self.n_text.startswith(self.dr.code(func)) and self.dr.code(call) == self.n_text:
+            # the factor's own expression written out (``loss / math.ceil(batch.shape[0] / self.microbatch)``,
+            # the number of micro-batches of a window loop): it is N
+            return Num(self.n, is_n=True, text=self.n_text)
         if bstyle == "engine-like" and self._callee(call, frame) is not None:
             bstyle = None  # ``self.mp_trainer.backward(loss)`` of a class the project defines: its body says what it does
         if bstyle is not None:
