@@ -1420,7 +1420,7 @@ def _ramped(dr, node, name: str) -> bool:
     visit(node.body, False)
     if not ok or not found:
         return False
-    dr.__dict__.setdefault("_ramp_assigns", set()).update(id(x) for x in found)
+    dr.__dict__.setdefault("_ramp_assigns", {}).update((id(x), x) for x in found)
     return True
 
 
@@ -2489,7 +2489,7 @@ class _Runner:
                 self._discarded = small.value  # a call whose value nothing keeps (``self.evaluate(rate)``)
                 self.ev(small.value, frame)
             elif tp is cst.Assign:
-                if self.n is not None and id(small) in self.dr.__dict__.get("_ramp_assigns", ()):
+                if self.n is not None and self.dr.__dict__.get("_ramp_assigns", {}).get(id(small)) is small:
                     continue  # the factor's warm-up ramp: the run models the loop after it (``_ramped``)
                 v = self.ev(small.value, frame)
                 if type(small.value) is cst.Dict:
