@@ -286,3 +286,9 @@ def test_loss_divided_by_the_window_count_written_out_is_silent():
         "loss = self.model(micro).mean() / math.ceil(batch.shape[0] / self.microbatch)").replace(
         "import torch\n", "import math\n    import torch\n", 1)
     assert found(src) == []
+
+
+def test_world_size_product_not_handed_to_backward_keeps_bl103():
+    # the world size multiplies a count, not the loss the backward receives: the missing 1/N is still reported
+    src = SINCE_GATE.format(epoch_zero="pass", world="seen = imgs.shape[0] * WORLD_SIZE")
+    assert found(src) == [("BL103", 30)]

@@ -91,14 +91,23 @@ def _sums_over_replicas(ctx, loop) -> bool:
     node = getattr(loop, "node", None)
     if node is None:
         return False
+    handed = set()  # names the loop's backwards receive (``loss.backward()``, ``scaler.scale(loss).backward()``)
+    for n in _nodes(node):
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("backward",
+                                                                                                  "scale"):
+            for x in _nodes(n):
+                if isinstance(x, cst.Name):
+                    handed.add(x.value)
     for n in _nodes(node):
         if isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.MultiplyAssign):
-            if (dotted(n.value) or "") in ws:
+            if (dotted(n.value) or "") in ws and (dotted(n.target) or "") in handed:
                 return True
-        elif isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply):
-            if (dotted(n.left) or "") in ws or (dotted(n.right) or "") in ws:
-                if "loss" in (ctx.module.code_for_node(n)):
-                    return True
+        elif isinstance(n, cst.Assign) and isinstance(n.value, cst.BinaryOperation) and \
+                isinstance(n.value.operator, cst.Multiply):
+            v = n.value
+            if ((dotted(v.left) or "") in ws or (dotted(v.right) or "") in ws) and \
+                    any((dotted(t.target) or "") in handed for t in n.targets):
+                return True
     return False
 
 
