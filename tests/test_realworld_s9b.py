@@ -292,3 +292,36 @@ def test_world_size_product_not_handed_to_backward_keeps_bl103():
     # the world size multiplies a count, not the loss the backward receives: the missing 1/N is still reported
     src = SINCE_GATE.format(epoch_zero="pass", world="seen = imgs.shape[0] * WORLD_SIZE")
     assert found(src) == [("BL103", 30)]
+
+
+# ------------------------------------------------------------------ a criterion module built to sum
+# ``loss_fn = nn.BCELoss(reduction="sum")`` and a batch split into N sub-batches, one backward each: the sub-batch
+# sums add up to the whole batch's sum, the gradient of the unsplit batch, so no 1/N is missing. The same loop with a
+# mean criterion is N times the batch mean.
+
+SUB_BATCHES = """
+    import torch
+
+
+    def train(net, loader, accu_steps, sub_batch, epochs):
+        loss_fn = torch.nn.BCELoss({red}).cuda()
+        optim = torch.optim.Adam(net.parameters(), lr=1e-4)
+        for epoch in range(epochs):
+            for step, (x, y) in enumerate(loader):
+                optim.zero_grad()
+                for k in range(accu_steps):
+                    sx = x[k * sub_batch:(k + 1) * sub_batch]
+                    sy = y[k * sub_batch:(k + 1) * sub_batch]
+                    loss = loss_fn(net(sx), sy)
+                    loss.backward()
+                optim.step()
+"""
+
+
+def test_sub_batches_with_a_mean_criterion_miss_the_division():
+    assert found(SUB_BATCHES.format(red="")) == [("BL103", 15)]
+
+
+def test_sub_batches_with_a_summing_criterion_are_silent():
+    assert found(SUB_BATCHES.format(red='reduction="sum"')) == []
+    assert found(SUB_BATCHES.format(red="size_average=False")) == []

@@ -3618,6 +3618,16 @@ class _Runner:
             while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
                     v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
                 v = v.func.value  # GPT(...).cuda()
+            if isinstance(v, cst.Call) and (_reduction_sum(v) or _size_average_false(v)):
+                # ``loss_fn = torch.nn.BCELoss(reduction="sum").cuda()`` (or the legacy ``size_average=False``): a
+                # criterion module that sums over the micro-batch's elements
+                memo[d] = True
+                break
+        for a in t.assignments.get(d, []) if not memo[d] else ():
+            v = a.value
+            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                    v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
+                v = v.func.value  # GPT(...).cuda()
             if isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in t.classes \
                     and v.func.value not in t.imports:
                 cls = t.classes[v.func.value]
@@ -4363,6 +4373,13 @@ def _cmp(op, a, b) -> Optional[bool]:
     if op is cst.GreaterThanEqual:
         return x >= y
     return None
+
+
+def _size_average_false(call) -> bool:
+    """The legacy ``nn.XLoss(size_average=False)`` (summed unless ``reduce=False``)."""
+    r = kwarg(call, "size_average")
+    red = kwarg(call, "reduce")
+    return type(r) is cst.Name and r.value == "False" and not (type(red) is cst.Name and red.value == "False")
 
 
 def _reduction_sum(call) -> bool:
