@@ -355,14 +355,17 @@ class FileDryRun:
             v = self._codes[k] = code_of(node).strip()
         return v
 
-    def relevant_branch(self, stmt, f) -> bool:
+    def relevant_branch(self, stmt, f, func=None, cls=None) -> bool:
         """Does either arm of an ``if`` hold something the trace records (a relevant call, a same-file function that
         makes one, a loss division, ``continue`` / ``break`` / ``return``)? Only such conditions split the run
-        into configurations; the others are run as undecided (cheaper, same events)."""
-        k = id(stmt)
+        into configurations; the others are run as undecided (cheaper, same events). A call of a same-file
+        function whose value is dropped and whose body can change nothing the trace records (``_inert``: an
+        evaluation pass, a sampler writing images) does not make the branch relevant."""
+        k = (id(stmt), id(func), id(cls))
         v = self._rel.get(k)
         if v is None:
             v = False
+            dropped = {id(x.value) for x in _walk(stmt) if type(x) is cst.Expr and type(x.value) is cst.Call}
             for n in _walk(stmt):
                 tp = type(n)
                 if tp in (cst.Continue, cst.Break, cst.Return, cst.Raise):
@@ -371,6 +374,10 @@ class FileDryRun:
                     fn = n.func
                     if isinstance(fn, cst.Attribute) and fn.attr.value in _RELEVANT:
                         v = True
+                    elif id(n) in dropped and func is not None and not (isinstance(fn, cst.Attribute) and
+                                                                        fn.attr.value in _RELEVANT) and \
+                            _inert_call(self, f, n, func, cls):
+                        continue
                     elif isinstance(fn, cst.Name) and fn.value in f.t.module_funcs:
                         v = True
                     elif isinstance(fn, cst.Attribute) and isinstance(fn.value, cst.Name) and fn.value.value == "self":
@@ -1188,6 +1195,16 @@ def _counter_gate_factor(dr, loop):
             ((n.comparisons[0].comparator, n.left),) if op is cst.LessThanEqual else ()
         for cnt, bound in pairs:
             c, b = dotted(cnt), dotted(bound)
+            if c is None and b and _since_mark(loop.node, cnt, assigned) and (
+                    b not in assigned or _ramped(dr, loop.node, b)):
+                # ``if ni - last_opt_step >= accumulate:`` with ``last_opt_step = ni`` where it steps: the
+                # micro-batches since the last step, compared with the factor (ultralytics' trainers)
+                if gated is None:
+                    gated = _step_gate_tests(dr, loop.node, getattr(loop, "cls", None), loop.func)
+                if id(n) in gated:
+                    dr.__dict__.setdefault("_since_loops", set()).add(id(loop))
+                    return dr.f.factor(bound, "gate", loop.func)
+                continue
             if c and b and c in assigned and b not in assigned and _reset_in(loop.node, c):
                 if gated is None:
                     gated = _step_gate_tests(dr, loop.node, getattr(loop, "cls", None), loop.func)
@@ -1358,6 +1375,65 @@ def _step_gate_tests(dr, root, cls, func=None) -> set:
                 out.update(id(x) for x in _all_nodes(n.value))
     memo[key] = out
     return out
+
+
+def _loader_length(small) -> bool:
+    """``nb = len(train_loader)``: a name bound to the length of something named, the only call of the statement (run
+    before the loops: the run knows its loader's length)."""
+    if type(small) is not cst.Assign or len(small.targets) != 1 or type(small.targets[0].target) is not cst.Name:
+        return False
+    v = small.value
+    return type(v) is cst.Call and type(v.func) is cst.Name and v.func.value == "len" and len(v.args) == 1 and \
+        type(v.args[0].value) in (cst.Name, cst.Attribute)
+
+
+def _ramped(dr, node, name: str) -> bool:
+    """Every assignment of ``name`` inside the loop is in the arm of an ``if`` that compares a count with a bound
+    (``if ni <= nw: accumulate = max(1, np.interp(ni, xi, [1, nbs / batch_size]).round())``): a warm-up ramp of
+    the factor towards the value set before the loop. The run models the loop after the ramp: those assignments
+    are marked (``dr._ramp_assigns``) and the run keeps N."""
+    found = []
+    ok = True
+
+    def visit(n, under: bool) -> None:
+        nonlocal ok
+        for ch in children(n):
+            tp = type(ch)
+            if tp is cst.If:
+                t = ch.test
+                ramp = type(t) is cst.Comparison and len(t.comparisons) == 1 and type(
+                    t.comparisons[0].operator) in (cst.LessThan, cst.LessThanEqual)
+                visit(ch.body, under or ramp)
+                if ch.orelse is not None:
+                    visit(ch.orelse, under)
+                continue
+            if tp in (cst.Assign, cst.AugAssign, cst.AnnAssign):
+                tg = [x.target for x in ch.targets] if tp is cst.Assign else [ch.target]
+                if any(dotted(x) == name for x in tg):
+                    if not under or tp is not cst.Assign:
+                        ok = False
+                    found.append(ch)
+            if tp in SCOPE_TYPES:
+                continue
+            visit(ch, under)
+
+    visit(node.body, False)
+    if not ok or not found:
+        return False
+    dr.__dict__.setdefault("_ramp_assigns", {}).update((id(x), x) for x in found)
+    return True
+
+
+def _since_mark(node, expr, assigned) -> bool:
+    """``expr`` is ``a - b`` with ``a`` advanced in the loop and ``b = a`` assigned inside it (the mark of the last
+    step): a count of the micro-batches since that step."""
+    if type(expr) is not cst.BinaryOperation or type(expr.operator) is not cst.Subtract:
+        return False
+    a, b = dotted(expr.left), dotted(expr.right)
+    if not a or not b or a == b or a not in assigned or b not in assigned:
+        return False
+    return any(type(n) is cst.Assign and dotted(n.value) == a and any(dotted(t.target) == b for t in n.targets)
+               for n in _walk(node))
 
 
 def _reset_in(node, name: str) -> bool:
@@ -1834,6 +1910,10 @@ class _Runner:
                 s = ints[2] if len(ints) > 2 else 1
             else:
                 return [None] * count
+            if a is None and not is_micro and len(ints) >= 2 and id(self.loop) in self.dr.__dict__.get(
+                    "_since_loops", ()):
+                # a gate on the micro-batches since the last step counted from the epoch (``ni = i + nb * epoch``)
+                a = self._fresh_start([x.value for x in it.args if x.keyword is None][0])
             window = is_micro and node is not self.loop.node
             if is_micro and not window and b is None and a == 0 and s == 1:
                 # ``for itr in range(E)``: the simulated loop is E iterations long, so ``itr + 1 == E`` is its
@@ -1853,6 +1933,40 @@ class _Runner:
             return [("idx", v) for v in vals]
         self._loader = it
         return [None] * count
+
+    def _fresh_start(self, expr) -> Optional[int]:
+        """The first epoch of a run started afresh: ``for epoch in range(start_epoch, epochs)`` with
+        ``start_epoch = 0`` before the loops and a resumed value read from a checkpoint in a branch (``start_epoch,
+        ... = smart_resume(...)``): the literal, the one value the file gives it. Counts derived from the epoch
+        (``ni = i + nb * epoch``) then run from it; None when the file gives no such single literal."""
+        if type(expr) is not cst.Name:
+            return None
+        func = getattr(self.loop, "func", None)
+        try:
+            assigns = self.t.assignments_of(expr.value, func) or []
+        except Exception:
+            return None
+        inside = self.dr.inside(self._outermost) if self._outermost is not None else set()
+        vals = {self.f.r.int_value(a.value, a.func) for a in assigns if a.node is None or id(a.node) not in inside}
+        vals.discard(None)
+        return vals.pop() if len(vals) == 1 else None
+
+    def _prefix_loader(self, frame):
+        """The loader the micro-batch loop iterates, read from its ``for`` statement before the run reaches it (a
+        length taken before the loops: ``nb = len(train_loader)``, then ``ni = i + nb * epoch``); None when the
+        loop does not iterate a loader by name."""
+        node = getattr(self.loop, "node", None)
+        if type(node) is not cst.For:
+            return None
+        try:
+            it = _unwrap_iter(self._held_iter(_unwrap_iter(node.iter), frame))
+        except Exception:
+            return None
+        if isinstance(it, cst.Call) and (call_name(it) or "") == "enumerate":
+            it = positional(it, 0)
+        if isinstance(it, cst.Call) and (call_name(it) or "") == "range":
+            return None
+        return it if isinstance(it, (cst.Name, cst.Attribute)) else None
 
     def _held_iter(self, it, frame):
         """``pbar = enumerate(train_loader)`` (then ``pbar = tqdm(pbar, total=nb)``) and ``for i, b in pbar``: the
@@ -2112,7 +2226,7 @@ class _Runner:
         return None
 
     def _if(self, stmt, frame, chain, level) -> Optional[str]:
-        rel = self.dr.relevant_branch(stmt, self.f)
+        rel = self.dr.relevant_branch(stmt, self.f, frame.func, frame.cls)
         modes = _mode_chain(stmt) if isinstance(stmt.orelse, cst.If) else None
         if modes:
             self._exclusive_modes(modes, before=True)
@@ -2369,12 +2483,16 @@ class _Runner:
         self._stmt_node = stmt
         for small in stmt.body:
             tp = type(small)
-            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or self.dr.names_calls(small)[1]) \
+            if prefix and (tp not in (cst.Assign, cst.AnnAssign, cst.AugAssign) or
+                           (self.dr.names_calls(small)[1] and not _loader_length(small))) \
                     and not _zero_grad_call(small):
                 continue
             if tp is cst.Expr:
+                self._discarded = small.value  # a call whose value nothing keeps (``self.evaluate(rate)``)
                 self.ev(small.value, frame)
             elif tp is cst.Assign:
+                if self.n is not None and self.dr.__dict__.get("_ramp_assigns", {}).get(id(small)) is small:
+                    continue  # the factor's warm-up ramp: the run models the loop after it (``_ramped``)
                 v = self.ev(small.value, frame)
                 if type(small.value) is cst.Dict:
                     v = self._dict(small.value, frame)
@@ -3149,6 +3267,11 @@ class _Runner:
             memo[key] = (call, frame.func, (recv, name, q, bstyle))
         if self.n_ncall and attr == "get" and self.dr.code(call) == self.n_text:
             return Num(self.n, is_n=True, text=self.n_text)  # ``self.conf.get("grad_accum_iters", 1)`` is N
+        if self.n is not None and self.n_text and self.n_text[-1] == ")" and \
+                self.n_text.startswith(self.dr.code(func)) and self.dr.code(call) == self.n_text:
+            # the factor's own expression written out (``loss / math.ceil(batch.shape[0] / self.microbatch)``,
+            # the number of micro-batches of a window loop): it is N
+            return Num(self.n, is_n=True, text=self.n_text)
         if bstyle == "engine-like" and self._callee(call, frame) is not None:
             bstyle = None  # ``self.mp_trainer.backward(loss)`` of a class the project defines: its body says what it does
         if bstyle is not None:
@@ -3293,6 +3416,9 @@ class _Runner:
         # same-file functions and methods: inlined
         fn = self._callee(call, frame)
         if fn is not None:
+            if call is self.__dict__.get("_discarded") and not any(isinstance(a, (DictVal, ListVal)) for a in argv) \
+                    and _inert(self.dr, fn, f.class_of(fn) or frame.cls):
+                return UNK  # its value is dropped and its body can change nothing the trace records: not run
             if frame.depth < 4 and (f.relevant(fn, f.class_of(fn) or frame.cls) or
                                     any(isinstance(a, DictVal) for a in argv)):
                 # (a helper handed a dict the run follows may fill it: ``forward_step(model, batch, loss_dict)``
@@ -3313,6 +3439,8 @@ class _Runner:
                 if nm == "len" and argv:
                     a0 = call.args[0].value
                     ld = self._loader
+                    if ld is None:
+                        ld = self._prefix_loader(frame)  # ``nb = len(train_loader)`` before the loops
                     if ld is not None and self.dr.code(a0) in _loader_texts(ld, self.dr):
                         return Num(self.length)
                     return Num(None)
@@ -3497,6 +3625,16 @@ class _Runner:
         memo[d] = False
         t = self.t
         for a in t.assignments.get(d, []):
+            v = a.value
+            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                    v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
+                v = v.func.value  # GPT(...).cuda()
+            if isinstance(v, cst.Call) and (_reduction_sum(v) or _size_average_false(v)):
+                # ``loss_fn = torch.nn.BCELoss(reduction="sum").cuda()`` (or the legacy ``size_average=False``): a
+                # criterion module that sums over the micro-batch's elements
+                memo[d] = True
+                break
+        for a in t.assignments.get(d, []) if not memo[d] else ():
             v = a.value
             while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
                     v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
@@ -4248,6 +4386,13 @@ def _cmp(op, a, b) -> Optional[bool]:
     return None
 
 
+def _size_average_false(call) -> bool:
+    """The legacy ``nn.XLoss(size_average=False)`` (summed unless ``reduce=False``)."""
+    r = kwarg(call, "size_average")
+    red = kwarg(call, "reduce")
+    return type(r) is cst.Name and r.value == "False" and not (type(red) is cst.Name and red.value == "False")
+
+
 def _reduction_sum(call) -> bool:
     r = kwarg(call, "reduction")
     return type(r) is cst.SimpleString and r.evaluated_value == "sum"
@@ -4524,6 +4669,96 @@ def _reset_counter_bound(stmt: cst.If):
                 literal(n.value) == 0:
             return bound
     return None
+
+
+# method names that change their receiver (or record an event): a function calling one is not inert
+_MUTATORS = frozenset({"append", "extend", "insert", "add", "setdefault", "pop", "popitem", "clear", "remove",
+                       "discard", "update", "register_hook", "register_forward_hook", "register_full_backward_hook",
+                       "register_forward_pre_hook", "apply", "load_state_dict", "optimizer_step",
+                       "backward", "manual_backward", "accumulate", "autocast", "set_gradient_accumulation_boundary"})
+
+
+def _inert_call(dr, f, call, func, cls) -> bool:
+    """``call`` runs a same-file function that is ``_inert`` (its arguments hold no call either)."""
+    try:
+        g = f.callee(call, func, cls)
+    except Exception:
+        return False
+    if g is None or any(type(x) is cst.Call for a in call.args for x in _walk(a.value)):
+        return False
+    return _inert(dr, g, f.class_of(g) or cls)
+
+
+def _inert(dr, fn, cls, _seen: Optional[set] = None) -> bool:
+    """A same-file (or sibling-module) function whose call, its value dropped, cannot change anything the trace
+    records: no call of a method the loop model records or that changes its receiver (``_RELEVANT``,
+    ``_CALL_ATTRS``, ``_MUTATORS``, an in-place ``x.add_()``), no assignment to an attribute, to an item of
+    something it did not make itself, no ``global`` / ``nonlocal`` / ``yield``, and only such functions among the
+    ones it calls (the model's forward, metrics, image saving and printing are opaque and record nothing). An
+    evaluation pass or a sampler called for its files and logs (``self.evaluation(rate)``) is then not run: it
+    can neither step, clear, clip nor keep a loss, and running it costs the run its budget."""
+    memo = dr.__dict__.setdefault("_inert_memo", {})
+    hit = memo.get(id(fn))
+    if hit is not None and hit[0] is fn:
+        return hit[1]
+    seen = _seen if _seen is not None else set()
+    if id(fn) in seen:
+        return True  # a cycle: the function's own body decides
+    seen.add(id(fn))
+    res = _inert_body(dr, fn, cls, seen)
+    memo[id(fn)] = (fn, res)
+    return res
+
+
+def _inert_body(dr, fn, cls, seen: set) -> bool:
+    params = {p.name.value for p in list(fn.params.params) + list(fn.params.kwonly_params)}
+    for p in (fn.params.star_arg, fn.params.star_kwarg):
+        if isinstance(p, cst.Param):
+            params.add(p.name.value)
+    local = set(assigned_names(fn.body)) - params
+    calls = []
+    for n in _walk(fn.body):
+        tp = type(n)
+        if tp in (cst.Global, cst.Nonlocal, cst.Yield, cst.Await):
+            return False
+        if tp is cst.Call:
+            calls.append(n)
+        elif tp in (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Del):
+            targets = [t.target for t in n.targets] if tp is cst.Assign else [n.target]
+            for t in targets:
+                for x in _walk(t):
+                    if type(x) is cst.Attribute and type(x.value) is not cst.Attribute:
+                        return False  # ``self.fid = ...``, ``p.grad = None``, ``obj.attr += 1``
+                    if type(x) is cst.Subscript:
+                        root = x.value
+                        while type(root) in (cst.Attribute, cst.Subscript):
+                            root = root.value
+                        if type(root) is not cst.Name or root.value not in local:
+                            return False  # an item of a parameter, of ``self`` or of a global
+    f = dr.f
+    for c in calls:
+        g = f.callee(c, fn, cls)
+        if g is not None:
+            if not _inert(dr, g, f.class_of(g) or cls, seen):
+                return False
+            continue
+        func = c.func
+        if type(func) is cst.Name:
+            if func.value in _RELEVANT or func.value in ("exit", "quit"):
+                return False  # ``clip_grad_norm_(...)`` imported by name, the process ended
+            continue
+        if type(func) is not cst.Attribute:
+            continue
+        name = func.attr.value
+        if name in _RELEVANT or name in _CALL_ATTRS:
+            return False
+        if name in _MUTATORS or (name.endswith("_") and not name.startswith("_")):
+            root = func.value
+            while type(root) in (cst.Attribute, cst.Subscript, cst.Call):
+                root = root.func if type(root) is cst.Call else root.value
+            if type(root) is not cst.Name or root.value not in local:
+                return False  # changes something the caller can see (``self.losses.append``, ``p.add_``)
+    return True
 
 
 def _walk(node):

@@ -8,6 +8,9 @@ factor of unknown value (``loss / num_tokens``, a loss from another module) make
 
 from __future__ import annotations
 
+import libcst as cst
+
+from bertlint.analysis.symbols import dotted
 from bertlint.checks import _ga
 from bertlint.registry import rule
 from bertlint.types import Severity
@@ -17,6 +20,8 @@ from bertlint.types import Severity
 def check(ctx) -> None:
     f = ctx.loops
     for run, v, tr in _ga.violations(ctx, "BL103", ("plain", "fabric", "lightning-manual")):
+        if _sums_over_replicas(ctx, run.loop):
+            continue
         n = _ga.n_of(tr)
         if v.data.get("kind") == "uneven":
             _ga.treport(
@@ -44,3 +49,71 @@ def _sgd(ctx) -> bool:
         return any(r.by_constructor and "SGD" in (r.qualname or "") for _s, _p, r in ctx.roles.all("optimizer"))
     except Exception:
         return False
+
+
+def _world_size_names(ctx) -> set:
+    """Names bound to the number of processes: ``int(os.getenv("WORLD_SIZE", 1))``, ``os.environ["WORLD_SIZE"]``
+    (the variable torchrun / torch.distributed.launch set), ``dist.get_world_size()``, ``accelerator.num_processes``."""
+    memo = ctx.__dict__.get("_bl103_ws")
+    if memo is not None:
+        return memo
+    out = set()
+    for name, assigns in ctx.symbols.assignments.items():
+        for a in assigns:
+            if _reads_world_size(a.value):
+                out.add(name)
+    ctx.__dict__["_bl103_ws"] = out
+    return out
+
+
+def _reads_world_size(expr) -> bool:
+    for n in _nodes(expr):
+        if isinstance(n, cst.SimpleString) and n.value.strip("\"'") == "WORLD_SIZE":
+            return True
+        if isinstance(n, cst.Call):
+            d = dotted(n.func) or ""
+            if d.endswith("get_world_size"):
+                return True
+        if isinstance(n, cst.Attribute) and n.attr.value == "num_processes":
+            return True
+    return False
+
+
+def _sums_over_replicas(ctx, loop) -> bool:
+    """The loop multiplies the loss by the world size before its backward (``loss *= WORLD_SIZE  # gradient averaged
+    between devices in DDP mode``): DDP averages the replicas' gradients and the factor turns that average back into a
+    sum over every image of the step, so the script trains on gradient sums by design (its loss is a per-image sum,
+    its learning rate tuned for the nominal batch it accumulates to: ultralytics' trainers). A window's sum of N
+    micro-batch gradients is then what it means, not a missing 1/N."""
+    ws = _world_size_names(ctx)
+    if not ws:
+        return False
+    node = getattr(loop, "node", None)
+    if node is None:
+        return False
+    handed = set()  # names the loop's backwards receive (``loss.backward()``, ``scaler.scale(loss).backward()``)
+    for n in _nodes(node):
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("backward",
+                                                                                                  "scale"):
+            for x in _nodes(n):
+                if isinstance(x, cst.Name):
+                    handed.add(x.value)
+    for n in _nodes(node):
+        if isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.MultiplyAssign):
+            if (dotted(n.value) or "") in ws and (dotted(n.target) or "") in handed:
+                return True
+        elif isinstance(n, cst.Assign) and isinstance(n.value, cst.BinaryOperation) and \
+                isinstance(n.value.operator, cst.Multiply):
+            v = n.value
+            if ((dotted(v.left) or "") in ws or (dotted(v.right) or "") in ws) and \
+                    any((dotted(t.target) or "") in handed for t in n.targets):
+                return True
+    return False
+
+
+def _nodes(node):
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        yield x
+        stack.extend(x.children)

@@ -73,6 +73,90 @@ def _uses_gradients(flow, loop, source: str) -> bool:
     return "requires_grad = True" in code or "requires_grad=True" in code
 
 
+_AUTOGRAD_IN_FORWARD = ("torch.autograd.grad", "torch.autograd.backward", "torch.enable_grad",
+                        "torch.autograd.functional.jacobian", "torch.autograd.functional.vjp",
+                        "torch.func.grad", "torch.func.vjp", "torch.func.jacrev")
+
+
+def forward_needs_autograd(ctx, flow, receiver: str, scope) -> bool:
+    """The receiver is an instance of a class of this file or of a sibling module whose ``forward`` (or a method of
+    the class it calls through ``self``) takes gradients itself: ``torch.autograd.grad`` / ``torch.enable_grad()``
+    (a gradient-step denoiser ``x - grad_x g(x)``, an energy model's score, a physics-informed residual). Its
+    evaluation forward needs autograd: under ``no_grad`` it raises (or re-enables it), so the rule's fix would
+    break the script. Read from the bindings of the name (``m = Cls(...)``, ``m, *_ = Cls.load(...)``): one of a
+    class that takes gradients is enough to stay silent (bindings of unknown class are not read)."""
+    memo = flow.__dict__.setdefault("_needs_autograd_memo", {})
+    key = (receiver, id(scope))
+    if key not in memo:
+        try:
+            memo[key] = _forward_needs_autograd(ctx, receiver, scope)
+        except Exception:
+            memo[key] = False
+    return memo[key]
+
+
+def _forward_needs_autograd(ctx, receiver: str, scope) -> bool:
+    from bertlint.analysis import project
+
+    sym = ctx.symbols
+    root = receiver.split(".")[0] if "." not in receiver else receiver
+    values = [a.value for a in (sym.assignments_of(root, scope) or sym.assignments.get(root, []))]
+    values += [call for names, call, _f in sym.unpacks if root in names]
+    classes = []
+    for v in values:
+        if not isinstance(v, cst.Call):
+            continue
+        f = v.func
+        while isinstance(f, cst.Attribute) and f.attr.value in ("to", "cuda", "eval", "float", "half"):
+            f = f.value.func if isinstance(f.value, cst.Call) else f.value
+        cands = [f, f.value] if isinstance(f, cst.Attribute) else [f]  # ``Cls(...)``, ``Cls.load(...)``
+        for c in cands:
+            name = dotted(c) if isinstance(c, (cst.Name, cst.Attribute)) else None
+            if not name:
+                continue
+            node = sym.classes.get(name)
+            info = None
+            if node is None:
+                try:
+                    t = project.of(ctx).resolve(name)
+                except Exception:
+                    t = None
+                if t is not None and t.kind == "class":
+                    node, info = t.node, t.info
+            if node is not None:
+                classes.append((node, info))
+                break
+    return any(_class_takes_gradients(cls, info) for cls, info in classes)
+
+
+def _nodes(node):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(n.children)
+
+
+def _class_takes_gradients(cls: cst.ClassDef, info) -> bool:
+    methods = {f.name.value: f for f in cls.body.body if isinstance(f, cst.FunctionDef)}
+    todo, seen = ["forward"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in methods:
+            continue
+        seen.add(name)
+        for n in _nodes(methods[name]):
+            if isinstance(n, cst.Call):
+                d = dotted(n.func) or ""
+                if d in _AUTOGRAD_IN_FORWARD or d.endswith(("autograd.grad", "autograd.backward", "enable_grad",
+                                                            "autograd.functional.jacobian", "func.grad")):
+                    return True
+                f = n.func
+                if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == "self":
+                    todo.append(f.attr.value)
+    return False
+
+
 _COMPS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 
@@ -231,7 +315,7 @@ def _single_forwards(ctx, flow, scope, fwds) -> None:
         if flow.grad_state(fwd) != ENABLED:
             continue
         recv = flow.forward_receiver_of(fwd) or ""
-        if not recv or recv == "self" or frozen(flow, recv):
+        if not recv or recv == "self" or frozen(flow, recv) or forward_needs_autograd(ctx, flow, recv, scope):
             continue
         ev = flow.eval_mode_before(fwd, {recv})
         if ev is None or flow.loop_of(ev) is not None:
@@ -310,6 +394,8 @@ def check(ctx) -> None:
             continue
         receivers = {flow.forward_receiver_of(c) or "" for c in fwds}
         if any(frozen(flow, r) for r in receivers if r):
+            continue
+        if any(forward_needs_autograd(ctx, flow, r, scope) for r in receivers if r):
             continue
         if site is not None:
             why = (f"when called as `{ctx.module.code_for_node(site)}` at line {ctx.span(site)[0].row}, which skips "
