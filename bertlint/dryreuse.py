@@ -129,6 +129,10 @@ def _vocabulary() -> tuple:
                     if not any(rx.search(p) for p in _PROBES):
                         rxs.append(rx)  # (one that matches any word splits text into words: not a test of one)
     subs.discard("")
+    # a test for the character ``_`` itself (``name.endswith("_")``: an in-place tensor method such as ``add_``,
+    # ``dryrun._inert_body``) reads the identifiers of calls, which the shape check compares one by one (``_key``: an
+    # edit that changes one is never reused); as a substring it would match every snake_case word of every edit
+    subs.discard("_")
     _VOCAB = (frozenset(exact), tuple(rxs), tuple(sorted(subs)))
     return _VOCAB
 

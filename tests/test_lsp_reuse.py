@@ -393,6 +393,17 @@ def test_dry_run_reused_for_an_edit_nothing_reads(tmp_path):
         assert got == fresh and [d.code for d in got] == ["BL103"]
 
 
+def test_dry_run_reused_for_an_edit_of_a_snake_case_variable(tmp_path):
+    """The same for a variable with an underscore in its name (``run_note``): no analysis looks for the character
+    ``_`` in a word (an in-place method test reads call names, which the shape check compares)."""
+    filename = str(tmp_path / "train.py")
+    before = LOOP_SCRIPT.replace('note = "x"', 'run_note = "x"')
+    Path(filename).write_text(before)
+    _first, got, last, fresh = _after_edit(filename, before, before.replace('run_note = "x"', 'run_note = "xq"'))
+    assert last == "reused"
+    assert got == fresh and [d.code for d in got] == ["BL103"]
+
+
 def test_dry_run_runs_again_when_the_edit_may_change_it(tmp_path):
     """Each edit here reaches something the run reads (the loop, the function before the loop, the helper it
     inlines, the argparse default of the factor, a name used elsewhere, a word the analyses search the text
