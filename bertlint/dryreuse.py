@@ -232,7 +232,23 @@ class _No(Exception):
     pass
 
 
-_PLAIN = (str, int, float, bool, type(None), Fraction)
+_PLAIN = frozenset({str, int, float, bool, type(None), Fraction})
+_NODE_TYPES: set = set()  # CSTNode subclasses seen (an exact-type test: isinstance through ABCMeta is slow)
+_FIELDS: dict = {}  # type -> (its slot names, whether it has a __dict__, the known module's type it is)
+_KNOWN_MODULES = ("bertlint.trace", "bertlint.analysis.dryrun", "bertlint.analysis.accum")
+_NOT_MOVED = ("FileDryRun", "LoopRun", "_Runner", "ManualStep")
+
+
+def _fields(tp) -> tuple:
+    got = _FIELDS.get(tp)
+    if got is None:
+        slots = []
+        for c in tp.__mro__:
+            sl = c.__dict__.get("__slots__", ())
+            slots += [sl] if isinstance(sl, str) else list(sl)
+        known = tp.__module__ in _KNOWN_MODULES and tp.__name__ not in _NOT_MOVED
+        got = _FIELDS[tp] = (tuple(s for s in slots if s not in ("__dict__", "__weakref__")), known)
+    return got
 
 
 def _remap(o, mapping: dict, done: dict):
@@ -242,7 +258,7 @@ def _remap(o, mapping: dict, done: dict):
     tp = type(o)
     if tp in _PLAIN:
         return o
-    if isinstance(o, cst.CSTNode):
+    if tp in _NODE_TYPES:
         hit = mapping.get(id(o))
         return hit[1] if hit is not None and hit[0] is o else o
     k = id(o)
@@ -255,14 +271,17 @@ def _remap(o, mapping: dict, done: dict):
             done[k] = list(hit[1])
             return done[k]
         for i, v in enumerate(o):
-            o[i] = _remap(v, mapping, done)
+            nv = _remap(v, mapping, done)
+            if nv is not v:
+                o[i] = nv
         return o
     if tp is tuple:
         hit = mapping.get(k)
         if hit is not None and hit[0] is o:
             done[k] = hit[1]
             return hit[1]
-        new = tuple(_remap(v, mapping, done) for v in o)
+        vals = [_remap(v, mapping, done) for v in o]
+        new = o if all(a is b for a, b in zip(vals, o)) else tuple(vals)
         done[k] = new
         return new
     if tp is dict:
@@ -271,28 +290,38 @@ def _remap(o, mapping: dict, done: dict):
         o.clear()
         o.update(items)
         return o
-    if tp in (set, frozenset):
+    if tp is set or tp is frozenset:
         new = tp(_remap(v, mapping, done) for v in o)
         done[k] = new
         return new
-    mod = tp.__module__
-    if mod not in ("bertlint.trace", "bertlint.analysis.dryrun", "bertlint.analysis.accum") or \
-            tp.__name__ in ("FileDryRun", "LoopRun", "_Runner", "ManualStep"):
-        raise _No(f"{mod}.{tp.__name__}")
+    if isinstance(o, cst.CSTNode):
+        _NODE_TYPES.add(tp)
+        hit = mapping.get(id(o))
+        return hit[1] if hit is not None and hit[0] is o else o
+    slots, known = _fields(tp)
+    if not known:
+        raise _No(f"{tp.__module__}.{tp.__name__}")
     done[k] = o
-    names = list(getattr(o, "__dict__", {}))
-    for c in tp.__mro__:
-        names += [s for s in getattr(c, "__slots__", ()) if hasattr(o, s)]
-    for name in names:
-        v = getattr(o, name)
+    d = getattr(o, "__dict__", None)
+    if d is not None:
+        for name, v in list(d.items()):
+            nv = _remap(v, mapping, done)
+            if nv is not v:
+                object.__setattr__(o, name, nv)
+    for name in slots:
+        try:
+            v = getattr(o, name)
+        except AttributeError:
+            continue
         nv = _remap(v, mapping, done)
         if nv is not v:
             object.__setattr__(o, name, nv)
-    if tp.__name__ == "Event" and mod == "bertlint.trace":
-        o.line = 0
-        o.cond_line = 0
-    elif tp.__name__ == "Trace" and mod == "bertlint.trace":
-        o.line = 0
+    if tp.__module__ == "bertlint.trace":
+        if tp.__name__ == "Event":
+            o.line = 0
+            o.cond_line = 0
+        elif tp.__name__ == "Trace":
+            o.line = 0
     return o
 
 
