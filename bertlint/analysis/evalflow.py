@@ -831,7 +831,9 @@ class EvalFlow:
         tokens = set(last.lower().split("_"))
         return not (tokens & _NOT_MODEL_TOKENS)
 
-    def _is_model_name(self, name: str, scope: Scope) -> bool:
+    def _assigns_of(self, name: str, scope: Scope) -> list:
+        """The assignments of ``name`` that ``scope`` sees: its own, else for ``self.x`` those of the class's
+        methods, else the module level's."""
         assigns = self.symbols.assignments_of(name, scope)
         if not assigns and scope is not None and name.startswith("self."):
             # `self.model = X.from_pretrained(...)` in `__init__`, read in another method of the class
@@ -841,6 +843,10 @@ class EvalFlow:
                            if a.func is not None and self.symbols.method_class.get(id(a.func)) is cls]
         if not assigns and scope is not None:
             assigns = [a for a in self.symbols.assignments.get(name, []) if a.func is None]
+        return assigns
+
+    def _is_model_name(self, name: str, scope: Scope) -> bool:
+        assigns = self._assigns_of(name, scope)
         verdicts = [self.model_value(a.value, a.func) for a in assigns]
         if any(v is True for v in verdicts):
             return True
@@ -978,15 +984,7 @@ class EvalFlow:
     def _built_as_model(self, name: str, scope: Scope) -> bool:
         """Some assignment of ``name`` (in ``scope``, the class's ``__init__`` for ``self.x``, or at module level)
         builds a model (``model_value``): known as one by what it is, not by its name alone."""
-        assigns = self.symbols.assignments_of(name, scope)
-        if not assigns and scope is not None and name.startswith("self."):
-            cls = self.symbols.method_class.get(id(scope))
-            if cls is not None:
-                assigns = [a for a in self.symbols.assignments.get(name, [])
-                           if a.func is not None and self.symbols.method_class.get(id(a.func)) is cls]
-        if not assigns and scope is not None:
-            assigns = [a for a in self.symbols.assignments.get(name, []) if a.func is None]
-        return any(self.model_value(a.value, a.func) is True for a in assigns)
+        return any(self.model_value(a.value, a.func) is True for a in self._assigns_of(name, scope))
 
     def _method_forward(self, call: cst.Call, depth: int = 0) -> Optional[cst.Call]:
         """``self.infer(x)`` where the enclosing class's one ``infer`` method returns a forward on every path
