@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from bertlint.analysis.walk import iter_nodes
 from bertlint.analysis.symbols import dotted
 from bertlint.checks import _ga
 from bertlint.registry import rule
@@ -67,7 +68,7 @@ def _world_size_names(ctx) -> set:
 
 
 def _reads_world_size(expr) -> bool:
-    for n in _nodes(expr):
+    for n in iter_nodes(expr):
         if isinstance(n, cst.SimpleString) and n.value.strip("\"'") == "WORLD_SIZE":
             return True
         if isinstance(n, cst.Call):
@@ -92,13 +93,13 @@ def _sums_over_replicas(ctx, loop) -> bool:
     if node is None:
         return False
     handed = set()  # names the loop's backwards receive (``loss.backward()``, ``scaler.scale(loss).backward()``)
-    for n in _nodes(node):
+    for n in iter_nodes(node):
         if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("backward",
                                                                                                   "scale"):
-            for x in _nodes(n):
+            for x in iter_nodes(n):
                 if isinstance(x, cst.Name):
                     handed.add(x.value)
-    for n in _nodes(node):
+    for n in iter_nodes(node):
         if isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.MultiplyAssign):
             if (dotted(n.value) or "") in ws and (dotted(n.target) or "") in handed:
                 return True
@@ -111,9 +112,3 @@ def _sums_over_replicas(ctx, loop) -> bool:
     return False
 
 
-def _nodes(node):
-    stack = [node]
-    while stack:
-        x = stack.pop()
-        yield x
-        stack.extend(x.children)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from bertlint.analysis.walk import walk
+from bertlint.analysis.walk import walk, iter_nodes
 
 from bertlint.analysis.evalflow import (ENABLED, eval_call_text, eval_reason, forward_receiver, frozen, names_in,
                                         no_grad_expr, target_names)
@@ -129,13 +129,6 @@ def _forward_needs_autograd(ctx, receiver: str, scope) -> bool:
     return any(_class_takes_gradients(cls, info) for cls, info in classes)
 
 
-def _nodes(node):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(n.children)
-
 
 def _class_takes_gradients(cls: cst.ClassDef, info) -> bool:
     methods = {f.name.value: f for f in cls.body.body if isinstance(f, cst.FunctionDef)}
@@ -145,7 +138,7 @@ def _class_takes_gradients(cls: cst.ClassDef, info) -> bool:
         if name in seen or name not in methods:
             continue
         seen.add(name)
-        for n in _nodes(methods[name]):
+        for n in iter_nodes(methods[name]):
             if isinstance(n, cst.Call):
                 d = dotted(n.func) or ""
                 if d in _AUTOGRAD_IN_FORWARD or d.endswith(("autograd.grad", "autograd.backward", "enable_grad",
