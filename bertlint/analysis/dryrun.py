@@ -3624,21 +3624,19 @@ class _Runner:
             return memo[d]
         memo[d] = False
         t = self.t
+        values = []
         for a in t.assignments.get(d, []):
             v = a.value
             while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
                     v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
                 v = v.func.value  # GPT(...).cuda()
-            if isinstance(v, cst.Call) and (_reduction_sum(v) or _size_average_false(v)):
-                # ``loss_fn = torch.nn.BCELoss(reduction="sum").cuda()`` (or the legacy ``size_average=False``): a
-                # criterion module that sums over the micro-batch's elements
-                memo[d] = True
-                break
-        for a in t.assignments.get(d, []) if not memo[d] else ():
-            v = a.value
-            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
-                    v.func.attr.value in ("cuda", "to", "float", "half", "bfloat16", "train"):
-                v = v.func.value  # GPT(...).cuda()
+            values.append(v)
+        if any(isinstance(v, cst.Call) and (_reduction_sum(v) or _size_average_false(v)) for v in values):
+            # ``loss_fn = torch.nn.BCELoss(reduction="sum").cuda()`` (or the legacy ``size_average=False``): a
+            # criterion module that sums over the micro-batch's elements
+            memo[d] = True
+            return True
+        for v in values:
             if isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in t.classes \
                     and v.func.value not in t.imports:
                 cls = t.classes[v.func.value]
