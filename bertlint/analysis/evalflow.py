@@ -1487,10 +1487,13 @@ class EvalFlow:
         it = loop.iter
         if not (type(it) is cst.Call and type(it.func) is cst.Name and it.func.value == "range"):
             return False
+        return self._model_method(scope) and self.call_sites(scope) == []
+
+    def _model_method(self, scope: cst.FunctionDef) -> bool:
+        """``scope`` is a method of a model class: an ``nn.Module`` / ``PreTrainedModel`` subclass by its bases,
+        followed into sibling modules."""
         cls = self.class_of(scope)
-        if cls is None or (self.module_family(cls) or self._sibling_family(cls)) not in ("module", "pretrained"):
-            return False
-        return self.call_sites(scope) == []
+        return cls is not None and (self.module_family(cls) or self._sibling_family(cls)) in ("module", "pretrained")
 
     def structural_loop(self, loop: cst.CSTNode) -> bool:
         """``loop`` is in a method of a model class (an ``nn.Module`` / ``PreTrainedModel`` subclass by its bases,
@@ -1506,10 +1509,7 @@ class EvalFlow:
 
     def _structural_loop(self, loop: cst.CSTNode) -> bool:
         scope = self.scope_of(loop)
-        if not isinstance(scope, cst.FunctionDef):
-            return False
-        cls = self.class_of(scope)
-        if cls is None or (self.module_family(cls) or self._sibling_family(cls)) not in ("module", "pretrained"):
+        if not isinstance(scope, cst.FunctionDef) or not self._model_method(scope):
             return False
         if isinstance(loop, cst.For):
             iters = [(loop.iter, target_names(loop.target))]
