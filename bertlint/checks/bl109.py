@@ -197,19 +197,13 @@ def _foreign_receiver(ctx, f, call):
     recv = dotted(func.value)
     if not recv:
         return None
-    parent = ctx.index.parent
+    ancestors = ctx.index.ancestors
 
     def scope(node):
-        n = parent(node)
-        while n is not None and not isinstance(n, cst.FunctionDef):
-            n = parent(n)
-        return n
+        return next((n for n in ancestors(node) if isinstance(n, cst.FunctionDef)), None)
 
     def klass(fn):
-        n = parent(fn) if fn is not None else None
-        while n is not None and not isinstance(n, (cst.ClassDef, cst.Module)):
-            n = parent(n)
-        return n if isinstance(n, cst.ClassDef) else None
+        return next((n for n in ancestors(fn) if isinstance(n, cst.ClassDef)), None) if fn is not None else None
 
     here = scope(call)
     built = {id(c) for c in f.accelerator_calls}
@@ -251,13 +245,19 @@ def _plain_accelerator(call: cst.Call) -> bool:
     """``Accelerator(...)`` that sets no accumulation of its own: no ``gradient_accumulation_steps`` /
     ``gradient_accumulation_plugin``, no ``*``/``**`` arguments, at most the three positional parameters before
     ``gradient_accumulation_steps`` (device_placement, split_batches, mixed_precision)."""
-    from bertlint.analysis.symbols import kwarg
-
-    if kwarg(call, "gradient_accumulation_steps") is not None or kwarg(call, "gradient_accumulation_plugin") is not None:
+    if _configures_accumulation(call):
         return False
     if any(a.star for a in call.args):
         return False
     return sum(1 for a in call.args if a.keyword is None) <= 3
+
+
+def _configures_accumulation(call: cst.Call) -> bool:
+    """``Accelerator(gradient_accumulation_steps=...)`` or ``Accelerator(gradient_accumulation_plugin=...)``."""
+    from bertlint.analysis.symbols import kwarg
+
+    return kwarg(call, "gradient_accumulation_steps") is not None or \
+        kwarg(call, "gradient_accumulation_plugin") is not None
 
 
 def _exclusive(ctx, a, b) -> bool:
@@ -286,11 +286,8 @@ def _resets(ctx, f, loop):
     (the function's name, that call)). Each new Accelerator hands accelerate's shared ``GradientState`` its own
     ``gradient_accumulation_steps`` (default 1): the last one built decides N (accelerate 1.16: 4 -> 1 by a
     second plain ``Accelerator()``, built before or inside the loop)."""
-    from bertlint.analysis.symbols import kwarg
-
     scope_of = {id(c): fn for c, _n, fn in f.t.calls}
-    configured = [c for c in f.accelerator_calls if kwarg(c, "gradient_accumulation_steps") is not None
-                  or kwarg(c, "gradient_accumulation_plugin") is not None]
+    configured = [c for c in f.accelerator_calls if _configures_accumulation(c)]
     plains = [c for c in f.accelerator_calls if _plain_accelerator(c)]
     if not configured or not plains:
         return []
