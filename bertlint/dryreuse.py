@@ -234,7 +234,7 @@ class _No(Exception):
 
 _PLAIN = frozenset({str, int, float, bool, type(None), Fraction})
 _NODE_TYPES: set = set()  # CSTNode subclasses seen (an exact-type test: isinstance through ABCMeta is slow)
-_FIELDS: dict = {}  # type -> (its slot names, whether it has a __dict__, the known module's type it is)
+_FIELDS: dict = {}  # type -> (its slot names, whether it is a trace / dry-run type the remap may move)
 _KNOWN_MODULES = ("bertlint.trace", "bertlint.analysis.dryrun", "bertlint.analysis.accum")
 _NOT_MOVED = ("FileDryRun", "LoopRun", "_Runner", "ManualStep")
 

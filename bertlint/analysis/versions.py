@@ -550,12 +550,9 @@ def _scan_self(directory: str) -> dict[str, TargetVersion]:
         if pkg is None or pkg in out:
             continue
         vm = _SETUP_VERSION.search(body)
-        where = None
-        version = None
-        if vm is not None:
-            version = parse_version(vm.group(1))
-            where = f"{n}:{text.count(chr(10), 0, offset + vm.start(1)) + 1}"
+        version = parse_version(vm.group(1)) if vm is not None else None
         if version:
+            where = f"{n}:{text.count(chr(10), 0, offset + vm.start(1)) + 1}"
             out[pkg] = TargetVersion(pkg, version, f"the project builds {names[0]} itself: {where}")
     return out
 

@@ -4,6 +4,8 @@ memory rules (BL501, BL502) do not judge it."""
 
 from __future__ import annotations
 
+import os
+
 import libcst as cst
 
 from bertlint.analysis.symbols import dotted
@@ -17,8 +19,6 @@ def pytest_test(ctx, flow, scope) -> bool:
     ``Test*`` name, a ``unittest.TestCase``), when its name says it is test machinery (``ModelTesterMixin``,
     ``BertModelTester``), or when a collected test uses it; any other class of the module may be the project's own
     code kept there: still judged."""
-    import os
-
     base = os.path.basename(ctx.filename or "")
     if not (base.startswith("test_") and base.endswith(".py") or base.endswith("_test.py")):
         return False
@@ -45,7 +45,7 @@ def pytest_test(ctx, flow, scope) -> bool:
 def _collected_classes(ctx) -> list:
     """The test module's classes pytest collects: named ``Test*``, or a ``unittest.TestCase`` (any base whose
     name ends in ``TestCase``: ``unittest.TestCase``, ``absltest.TestCase``, ``parameterized.TestCase``)."""
-    got = ctx.__dict__.get("_bl502_collected")
+    got = ctx.__dict__.get("_test_collected")
     if got is not None:
         return got
     out = []
@@ -55,7 +55,7 @@ def _collected_classes(ctx) -> list:
         if st.name.value.startswith("Test") or any(
                 (dotted(b.value) or "").split(".")[-1].endswith("TestCase") for b in st.bases):
             out.append(st)
-    ctx.__dict__["_bl502_collected"] = out
+    ctx.__dict__["_test_collected"] = out
     return out
 
 

@@ -99,9 +99,8 @@ def _forward_needs_autograd(ctx, receiver: str, scope) -> bool:
     from bertlint.analysis import project
 
     sym = ctx.symbols
-    root = receiver.split(".")[0] if "." not in receiver else receiver
-    values = [a.value for a in (sym.assignments_of(root, scope) or sym.assignments.get(root, []))]
-    values += [call for names, call, _f in sym.unpacks if root in names]
+    values = [a.value for a in (sym.assignments_of(receiver, scope) or sym.assignments.get(receiver, []))]
+    values += [call for names, call, _f in sym.unpacks if receiver in names]
     classes = []
     for v in values:
         if not isinstance(v, cst.Call):
